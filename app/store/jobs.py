@@ -1,0 +1,314 @@
+"""The job's conditional writes, one function per named statement, and the lost-response wrappers.
+
+Every function takes the connection first and answers with a value: "matched no row" is an answer,
+never an exception. The wrappers (``claim``, ``authorize_delivery``, the terminal writes) settle a
+lost response by re-reading state and ownership together on a fresh connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Callable
+from uuid import UUID
+
+import psycopg
+from psycopg import errors as pg
+from psycopg_pool import PoolTimeout
+
+from app.store import errors
+from app.store.database import Database
+from app.store.queries import QUERIES
+from app.store.types import (
+    AuthorizationResult,
+    ClaimResult,
+    EditOutcome,
+    EditResult,
+    ExpectedFile,
+    FailureCode,
+    Ownership,
+    RenewResult,
+    ReplacementResult,
+    Status,
+    WriteResult,
+)
+
+log = logging.getLogger(__name__)
+
+#: Seconds a lost-response re-read may take before the answer is Unknown.
+REREAD_TIMEOUT_SECONDS = 5
+
+
+def final_name(delivery_key: str) -> str:
+    """The partner-facing file name: a function of the delivery key alone, so a replacement that
+    carries the key forward targets the same name."""
+    return f"contacts-{delivery_key}.csv"
+
+
+class CreateResult(enum.Enum):
+    CREATED = "Created"
+    KEY_TAKEN = "KeyTaken"                  # the tenant already has a delivery with this key
+    UNKNOWN_DESTINATION = "UnknownDestination"   # no such destination in this tenant
+
+
+# --- creation and terms ------------------------------------------------------------------------
+
+
+def create(
+    conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, destination_id: UUID, delivery_key: str,
+    created_by: str,
+) -> CreateResult:
+    params = dict(job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
+                  delivery_key=delivery_key, created_by=created_by)
+    try:
+        with conn.transaction():
+            rows = conn.execute(QUERIES["export_create"], params).fetchall()
+    except pg.UniqueViolation as exc:
+        if exc.diag.constraint_name in ("pk_deliveries", "uq_export_jobs_original_key"):
+            return CreateResult.KEY_TAKEN
+        raise
+    except pg.ForeignKeyViolation as exc:
+        if exc.diag.constraint_name == "fk_export_jobs_destination":
+            return CreateResult.UNKNOWN_DESTINATION
+        raise
+    if len(rows) != 1:
+        raise errors.StoreError(f"export_create wrote {len(rows)} outbox rows for one job")
+    return CreateResult.CREATED
+
+
+def create_replacement(
+    conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, original_job_id: UUID, created_by: str,
+    replacement_reason: str, overwrite_agreement_ref: str | None = None,
+) -> ReplacementResult:
+    """Creates a replacement for a named person, or nothing when the original may not be replaced.
+    The caller resolves a replacement's id to its original first (``original_of``)."""
+    params = dict(job_id=job_id, tenant_id=tenant_id, original_job_id=original_job_id, created_by=created_by,
+                  replacement_reason=replacement_reason, overwrite_agreement_ref=overwrite_agreement_ref)
+    try:
+        with conn.transaction():
+            rows = conn.execute(QUERIES["export_create_replacement"], params).fetchall()
+    except pg.UniqueViolation as exc:
+        if exc.diag.constraint_name == "uq_export_jobs_one_replacement":
+            return ReplacementResult.SLOT_TAKEN
+        raise
+    return ReplacementResult.CREATED if len(rows) == 1 else ReplacementResult.NOT_ALLOWED
+
+
+def edit_terms(
+    conn: psycopg.Connection, *, tenant_id: UUID, job_id: UUID, expected_version: int, destination_id: UUID,
+) -> EditOutcome:
+    params = dict(tenant_id=tenant_id, job_id=job_id, expected_version=expected_version,
+                  destination_id=destination_id)
+    try:
+        with conn.transaction():
+            row = conn.execute(QUERIES["export_edit_terms"], params).fetchone()
+    except pg.ForeignKeyViolation as exc:
+        if exc.diag.constraint_name == "fk_export_jobs_destination":
+            return EditOutcome(EditResult.NOT_CHANGED)
+        raise
+    if row is None:
+        return EditOutcome(EditResult.NOT_CHANGED)
+    return EditOutcome(EditResult.CHANGED, version=row["version"])
+
+
+def reject(conn: psycopg.Connection, *, job_id: UUID, checked_version: int) -> bool:
+    """Queued -> Rejected for the evaluated version; False when the job moved on or was edited."""
+    return conn.execute(QUERIES["export_reject"], dict(job_id=job_id, checked_version=checked_version)).rowcount == 1
+
+
+# --- reads for the wrappers ----------------------------------------------------------------------
+
+
+def read_ownership(conn: psycopg.Connection, *, job_id: UUID) -> Ownership | None:
+    row = conn.execute(QUERIES["export_read_ownership"], dict(job_id=job_id)).fetchone()
+    if row is None:
+        return None
+    return Ownership(
+        status=Status(row["status"]),
+        attempt_id=row["attempt_id"],
+        stop_requested=row["stop_request_id"] is not None,
+        lease_current=row["lease_current"],
+        original_status=Status(row["original_status"]) if row["original_status"] else None,
+    )
+
+
+def _reread(db: Database, job_id: UUID) -> Ownership | None:
+    """Raises when the database does not answer in time; the callers turn that into Unknown."""
+    with db.connection(timeout=REREAD_TIMEOUT_SECONDS) as conn:
+        conn.execute("SET statement_timeout = %s", (f"{REREAD_TIMEOUT_SECONDS}s",))
+        try:
+            return read_ownership(conn, job_id=job_id)
+        finally:
+            if not conn.broken:
+                conn.execute("RESET statement_timeout")
+
+
+def _attempt(db: Database, statement: Callable[[psycopg.Connection], int]) -> int | None:
+    """Runs one write; None when its response was lost and only the row can say what happened."""
+    try:
+        with db.connection() as conn:
+            return statement(conn)
+    except Exception as exc:
+        if errors.outcome_unknown(exc) or errors.retryable(exc):
+            log.warning("write response lost; re-reading the row", extra={"error": type(exc).__name__})
+            return None
+        raise
+
+
+# --- cutoff 1 ------------------------------------------------------------------------------------
+
+
+def try_claim(
+    conn: psycopg.Connection, *, job_id: UUID, checked_version: int, attempt_id: UUID, worker_id: str,
+    lease_seconds: float,
+) -> int:
+    return conn.execute(QUERIES["export_claim"], dict(
+        job_id=job_id, checked_version=checked_version, attempt_id=attempt_id, worker_id=worker_id,
+        lease_seconds=lease_seconds)).rowcount
+
+
+def claim(
+    db: Database, *, job_id: UUID, checked_version: int, attempt_id: UUID, worker_id: str, lease_seconds: float,
+) -> ClaimResult:
+    """Cutoff 1 with its lost-response rule: Running with this attempt's id, and nothing else, means
+    claimed; if the re-read fails too, Unknown (the caller leaves the message unsettled)."""
+    inserted = _attempt(db, lambda conn: try_claim(
+        conn, job_id=job_id, checked_version=checked_version, attempt_id=attempt_id, worker_id=worker_id,
+        lease_seconds=lease_seconds))
+    if inserted == 1:
+        return ClaimResult.CLAIMED
+    try:
+        row = _reread(db, job_id)
+    except Exception as exc:
+        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
+            return ClaimResult.UNKNOWN
+        raise
+    owned = row is not None and row.status is Status.RUNNING and row.attempt_id == attempt_id
+    return ClaimResult.CLAIMED if owned else ClaimResult.LOST
+
+
+# --- cutoff 2 ------------------------------------------------------------------------------------
+
+
+def try_authorize_delivery(
+    conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
+    replaces_job_id: UUID | None,
+) -> int:
+    return conn.execute(QUERIES["export_authorize_delivery"], dict(
+        job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
+        final_name=expected.name, length=expected.size, sha256=expected.sha256)).rowcount
+
+
+def authorize_delivery(
+    db: Database, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
+    replaces_job_id: UUID | None,
+) -> AuthorizationResult:
+    """Cutoff 2. On 0 or a lost response, the re-read says why delivery was refused."""
+    inserted = _attempt(db, lambda conn: try_authorize_delivery(
+        conn, job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, expected=expected,
+        replaces_job_id=replaces_job_id))
+    if inserted == 1:
+        return AuthorizationResult.AUTHORIZED
+    try:
+        row = _reread(db, job_id)
+    except Exception as exc:
+        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
+            return AuthorizationResult.UNKNOWN
+        raise
+    return classify_refusal(row, attempt_id)
+
+
+def classify_refusal(row: Ownership | None, attempt_id: UUID) -> AuthorizationResult:
+    """Why cutoff 2 did not (visibly) commit, from a re-read that is not atomic with it."""
+    if row is None or row.attempt_id != attempt_id:
+        return AuthorizationResult.NOT_OWNER
+    if row.status is Status.DELIVERING:
+        return AuthorizationResult.AUTHORIZED     # a lost response to a write that committed
+    if row.status is not Status.RUNNING:
+        return AuthorizationResult.NOT_OWNER
+    if row.stop_requested:
+        return AuthorizationResult.STOP_RECORDED
+    if row.original_status is Status.COMPLETED:
+        return AuthorizationResult.ORIGINAL_COMPLETED
+    # Expired, or renewed between the refusal and this read: either way one renewal and one retry.
+    return AuthorizationResult.LEASE_LAPSED
+
+
+# --- the lease -----------------------------------------------------------------------------------
+
+
+def renew_lease(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, lease_seconds: float) -> RenewResult:
+    rows = conn.execute(QUERIES["export_lease_renew"], dict(
+        job_id=job_id, attempt_id=attempt_id, lease_seconds=lease_seconds)).rowcount
+    return RenewResult.RENEWED if rows == 1 else RenewResult.LOST
+
+
+# --- terminal writes -----------------------------------------------------------------------------
+
+
+def try_finish_stopped(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
+                       stop_point: str) -> int:
+    return conn.execute(QUERIES["export_finish_stopped"], dict(
+        job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, stop_point=stop_point)).rowcount
+
+
+def try_finish_failed(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
+                      failure_reason: FailureCode, detail: str | None = None) -> int:
+    return conn.execute(QUERIES["export_finish_failed"], dict(
+        job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, failure_reason=failure_reason.value,
+        detail=detail)).rowcount
+
+
+def try_finish_delivery(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
+                        outcome: Status, failure_reason: FailureCode | None = None,
+                        detail: str | None = None) -> int:
+    return conn.execute(QUERIES["export_finish_delivery"], dict(
+        job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome.value,
+        failure_reason=failure_reason.value if failure_reason else None, detail=detail)).rowcount
+
+
+def _confirm_terminal(db: Database, job_id: UUID, attempt_id: UUID, expected: Status,
+                      write: Callable[[psycopg.Connection], int]) -> WriteResult:
+    """A terminal write and, if its answer was lost, a re-read confirming the expected terminal state
+    with this attempt's id. A repeated call cannot add a second event: the state no longer matches."""
+    inserted = _attempt(db, write)
+    if inserted == 1:
+        return WriteResult.WRITTEN
+    try:
+        row = _reread(db, job_id)
+    except Exception as exc:
+        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
+            return WriteResult.UNKNOWN
+        raise
+    if inserted is None and row is not None and row.attempt_id == attempt_id and row.status is expected:
+        return WriteResult.WRITTEN
+    return WriteResult.NOT_MATCHED
+
+
+def finish_stopped(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, stop_point: str) -> WriteResult:
+    return _confirm_terminal(db, job_id, attempt_id, Status.STOPPED, lambda conn: try_finish_stopped(
+        conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, stop_point=stop_point))
+
+
+def finish_failed(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, failure_reason: FailureCode,
+                  detail: str | None = None) -> WriteResult:
+    return _confirm_terminal(db, job_id, attempt_id, Status.FAILED, lambda conn: try_finish_failed(
+        conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, failure_reason=failure_reason,
+        detail=detail))
+
+
+def finish_delivery(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, outcome: Status,
+                    failure_reason: FailureCode | None = None, detail: str | None = None) -> WriteResult:
+    return _confirm_terminal(db, job_id, attempt_id, outcome, lambda conn: try_finish_delivery(
+        conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome,
+        failure_reason=failure_reason, detail=detail))
+
+
+# --- evidence ------------------------------------------------------------------------------------
+
+
+def append_evidence(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, observed_by: str,
+                    detail: str) -> bool:
+    """Appends delivery evidence with its provenance; it cannot change the job's status."""
+    return conn.execute(QUERIES["export_append_evidence"], dict(
+        job_id=job_id, attempt_id=attempt_id, observed_by=observed_by, detail=detail)).rowcount == 1

@@ -1,0 +1,185 @@
+"""Peewee models, for reads only: every write goes through a named statement in app/store/sql/.
+
+``bind(url, role)`` points the models at a database under a role. The models' field order matches
+the table's column order, and a test compares the cancellation lock's column list with it.
+"""
+
+from __future__ import annotations
+
+import peewee
+import psycopg
+from psycopg import sql
+
+from app.store.database import CONNECT_TIMEOUT_SECONDS
+from app.store.types import Role
+
+proxy = peewee.DatabaseProxy()
+
+
+class ReadOnlyDatabase(peewee.PostgresqlDatabase):
+    """psycopg 3 under a role; refuses to run anything but SELECT, so the models cannot write."""
+
+    def __init__(self, url: str, role: Role):
+        super().__init__(url, prefer_psycopg3=True, autoconnect=True)
+        self._url = url
+        self._role = role
+
+    def _connect(self):
+        conn = psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                               application_name="exports-read")
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self._role.value)))
+        conn.execute("SET default_transaction_read_only = on")
+        return conn
+
+
+def bind(url: str, role: Role = Role.APP) -> ReadOnlyDatabase:
+    database = ReadOnlyDatabase(url, role)
+    proxy.initialize(database)
+    return database
+
+
+class _Model(peewee.Model):
+    class Meta:
+        database = proxy
+
+
+class Tenant(_Model):
+    id = peewee.UUIDField(primary_key=True)
+    name = peewee.TextField()
+    created_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "tenants"
+
+
+class Destination(_Model):
+    id = peewee.UUIDField(primary_key=True)
+    tenant_id = peewee.UUIDField()
+    name = peewee.TextField()
+    host = peewee.TextField()
+    port = peewee.IntegerField()
+    username = peewee.TextField()
+    remote_dir = peewee.TextField()
+    host_key = peewee.TextField()
+    credential_ref = peewee.TextField()
+    remote_hash = peewee.BooleanField()
+    acknowledgments = peewee.BooleanField()
+    name_and_size_identify = peewee.BooleanField()
+    read_back = peewee.BooleanField()
+    active = peewee.BooleanField()
+    created_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "destinations"
+
+
+class Contact(_Model):
+    id = peewee.BigIntegerField(primary_key=True)
+    tenant_id = peewee.UUIDField()
+    email = peewee.TextField()
+    full_name = peewee.TextField()
+    company = peewee.TextField(null=True)
+    phone = peewee.TextField(null=True)
+    consent = peewee.BooleanField()
+    updated_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "contacts"
+
+
+class OperatorAccess(_Model):
+    operator_id = peewee.TextField()
+    tenant_id = peewee.UUIDField()
+    reconciliation = peewee.BooleanField()
+    granted_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "operator_access"
+        primary_key = peewee.CompositeKey("operator_id", "tenant_id")
+
+
+class ExportJob(_Model):
+    id = peewee.UUIDField(primary_key=True)
+    tenant_id = peewee.UUIDField()
+    status = peewee.TextField()
+    version = peewee.IntegerField()
+    destination_id = peewee.UUIDField()
+    attempt_id = peewee.UUIDField(null=True)
+    attempt_count = peewee.IntegerField()
+    claimed_by = peewee.TextField(null=True)
+    lease_expires_at = peewee.DateTimeField(null=True)
+    stop_request_id = peewee.UUIDField(null=True)
+    cancellation_request_id = peewee.UUIDField(null=True)
+    expected_file_name = peewee.TextField(null=True)
+    expected_file_bytes = peewee.BigIntegerField(null=True)
+    expected_file_sha256 = peewee.BlobField(null=True)
+    delivery_authorized_at = peewee.DateTimeField(null=True)
+    woken_at = peewee.DateTimeField()
+    failure_reason = peewee.TextField(null=True)
+    delivery_key = peewee.TextField()
+    replaces_job_id = peewee.UUIDField(null=True)
+    created_by = peewee.TextField()
+    replacement_reason = peewee.TextField(null=True)
+    overwrite_agreement_ref = peewee.TextField(null=True)
+    sweep_count = peewee.IntegerField()
+
+    class Meta:
+        table_name = "export_jobs"
+
+
+class Delivery(_Model):
+    tenant_id = peewee.UUIDField()
+    delivery_key = peewee.TextField()
+    original_job_id = peewee.UUIDField()
+
+    class Meta:
+        table_name = "deliveries"
+        primary_key = peewee.CompositeKey("tenant_id", "delivery_key")
+
+
+class AttemptEvent(_Model):
+    id = peewee.BigIntegerField(primary_key=True)
+    job_id = peewee.UUIDField()
+    attempt_id = peewee.UUIDField()
+    kind = peewee.TextField()
+    version = peewee.IntegerField(null=True)
+    worker_id = peewee.TextField(null=True)
+    observed_by = peewee.TextField(null=True)
+    detail = peewee.TextField(null=True)
+    recorded_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "export_attempt_events"
+
+
+class CancellationRequest(_Model):
+    tenant_id = peewee.UUIDField()
+    id = peewee.UUIDField()
+    job_id = peewee.UUIDField()
+    requested_by = peewee.TextField()
+    reason = peewee.TextField(null=True)
+    outcome = peewee.TextField()
+    found_status = peewee.TextField()
+    found_attempt_id = peewee.UUIDField(null=True)
+    found_attempt_count = peewee.IntegerField()
+    found_delivery_authorized_at = peewee.DateTimeField(null=True)
+    recorded_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "cancellation_requests"
+        primary_key = peewee.CompositeKey("tenant_id", "id")
+
+
+class OutboxRow(_Model):
+    message_id = peewee.UUIDField(primary_key=True)
+    kind = peewee.TextField()
+    job_id = peewee.UUIDField()
+    created_at = peewee.DateTimeField()
+    published_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        table_name = "outbox"
+
+
+ALL_MODELS = (Tenant, Destination, Contact, OperatorAccess, ExportJob, Delivery, AttemptEvent,
+              CancellationRequest, OutboxRow)

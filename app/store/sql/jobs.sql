@@ -1,0 +1,159 @@
+-- The job's life from creation to its attempt's terminal write. Every statement is conditional on
+-- the state, version, attempt or lease it checked, and a transition inserts its event in the same
+-- statement: the INSERT reads only the rows the UPDATE returned, so one inserted row means the
+-- transition happened.
+
+-- name: export_create
+-- An original job, its deliveries row (the key's owner) and its first wake-up, together or not at all.
+WITH delivery AS (
+    INSERT INTO deliveries (tenant_id, delivery_key, original_job_id)
+    VALUES (%(tenant_id)s, %(delivery_key)s, %(job_id)s)),
+created AS (
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
+    VALUES (%(job_id)s, %(tenant_id)s, 'Queued', 1, %(destination_id)s, %(delivery_key)s, %(created_by)s,
+            clock_timestamp())
+    RETURNING id)
+INSERT INTO outbox (message_id, kind, job_id, created_at)
+SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created
+RETURNING job_id;
+
+-- name: export_create_replacement
+-- A replacement of an original that is OutcomeUnknown or Failed for a reason proving nothing was
+-- finalized. FOR UPDATE waits for a concurrent correction of the original, then re-checks its status.
+WITH original AS (
+    SELECT id, tenant_id, destination_id, delivery_key
+    FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s AND replaces_job_id IS NULL
+      AND (status = 'OutcomeUnknown'
+           OR (status = 'Failed' AND failure_reason IN ('BuildFailed', 'AttemptsExhausted', 'NotDelivered')))
+    FOR UPDATE),
+created AS (
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id,
+                             created_by, replacement_reason, overwrite_agreement_ref, woken_at)
+    SELECT %(job_id)s, tenant_id, 'Queued', 1, destination_id, delivery_key, id,
+           %(created_by)s, %(replacement_reason)s, %(overwrite_agreement_ref)s, clock_timestamp()
+    FROM original
+    RETURNING id)
+INSERT INTO outbox (message_id, kind, job_id, created_at)
+SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created
+RETURNING job_id;
+
+-- name: export_edit_terms
+-- Changes a queued job's destination: the version increments, so a worker holding the old terms fails
+-- its claim, and a new wake-up (new message id) brings the job back for a fresh evaluation. woken_at is
+-- the database's clock, never a client-side value.
+WITH edited AS (
+    UPDATE export_jobs
+    SET destination_id = %(destination_id)s, version = version + 1, woken_at = clock_timestamp()
+    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND status = 'Queued' AND version = %(expected_version)s
+    RETURNING id, version)
+INSERT INTO outbox (message_id, kind, job_id, created_at)
+SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM edited
+RETURNING job_id, (SELECT version FROM edited) AS version;
+
+-- name: export_reject
+-- Queued -> Rejected by policy, for the evaluated version only. An edit in between makes this match
+-- nothing, and the edit's own wake-up brings the job back for a fresh evaluation.
+UPDATE export_jobs
+SET status = 'Rejected'
+WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
+RETURNING id;
+
+-- name: export_claim
+-- Cutoff 1: Queued -> Running for the checked version, with the lease and the attempt event.
+WITH claimed AS (
+    UPDATE export_jobs
+    SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = attempt_count + 1,
+        claimed_by = %(worker_id)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+    WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
+    RETURNING id, attempt_id, version, claimed_by)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
+SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed
+RETURNING id;
+
+-- name: export_authorize_delivery
+-- Cutoff 2: Running -> Delivering for this attempt, only with no stop request and a current lease; for a
+-- replacement also only while its original is not Completed. FOR SHARE conflicts with a correction's
+-- update of the original, so whichever commits first makes the other wait; this statement then re-checks.
+WITH original_open AS (
+    SELECT 1 FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid AND status <> 'Completed'
+    FOR SHARE),
+authorized AS (
+    UPDATE export_jobs
+    SET status = 'Delivering',
+        expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
+        delivery_authorized_at = clock_timestamp()
+    WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND stop_request_id IS NULL
+      AND lease_expires_at > clock_timestamp()
+      AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original_open))   -- typed, so a null binds
+    RETURNING id, attempt_id, delivery_authorized_at)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
+SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized
+RETURNING id;
+
+-- name: export_lease_renew
+-- Renewal deliberately does not check expiry: a slow worker keeps ownership until a takeover commits.
+UPDATE export_jobs
+SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status IN ('Running', 'Delivering')
+RETURNING lease_expires_at;
+
+-- name: export_finish_stopped
+-- Running -> Stopped, only for this attempt and only with a recorded stop request, so no catch block
+-- can turn a lease takeover into an operator's stop.
+WITH stopped AS (
+    UPDATE export_jobs
+    SET status = 'Stopped', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND stop_request_id IS NOT NULL
+    RETURNING id, attempt_id)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+SELECT id, attempt_id, 'Stopped', %(worker_id)s, %(stop_point)s, clock_timestamp() FROM stopped
+RETURNING id;
+
+-- name: export_finish_failed
+-- Running -> Failed with a code, for this attempt: nothing has left the process (BuildFailed), or the
+-- destination check ended the attempt before cutoff 2 (FinalNameOccupied, OriginalDelivered).
+WITH failed AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = %(failure_reason)s, lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND %(failure_reason)s IN ('BuildFailed', 'FinalNameOccupied', 'OriginalDelivered')
+    RETURNING id, attempt_id, failure_reason)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+SELECT id, attempt_id, 'Failed', %(worker_id)s, failure_reason || coalesce(': ' || %(detail)s::text, ''),
+       clock_timestamp()
+FROM failed
+RETURNING id;
+
+-- name: export_finish_delivery
+-- The delivering attempt's terminal write: Delivering -> Completed, Failed (with a code the destination
+-- proved) or OutcomeUnknown. After a takeover it matches nothing; the evidence appended before it stays.
+WITH finished AS (
+    UPDATE export_jobs
+    SET status = %(outcome)s,
+        failure_reason = CASE WHEN %(outcome)s = 'Failed' THEN %(failure_reason)s::text END,
+        lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Delivering'
+      AND %(outcome)s IN ('Completed', 'Failed', 'OutcomeUnknown')
+      AND (%(outcome)s <> 'Failed'
+           OR %(failure_reason)s::text IN ('NotDelivered', 'FinalNameOccupied', 'OriginalDelivered'))
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+SELECT id, attempt_id, 'Finished', %(worker_id)s,
+       status || coalesce(' ' || %(failure_reason)s::text, '') || coalesce(': ' || %(detail)s::text, ''),
+       clock_timestamp()
+FROM finished
+RETURNING id;
+
+-- name: export_append_evidence
+-- Delivery evidence, appended whoever owns the job now. It never touches the job row, so it cannot
+-- change a status; it only needs the job to exist.
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, %(attempt_id)s, 'DeliveryEvidence', %(observed_by)s, %(detail)s, clock_timestamp()
+FROM export_jobs
+WHERE id = %(job_id)s
+RETURNING id;

@@ -1,0 +1,151 @@
+"""The vocabulary of the protocol. Enums that mirror a CHECK constraint are compared with the
+constraint itself by a test, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+
+class Status(str, enum.Enum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    DELIVERING = "Delivering"
+    CANCELED = "Canceled"
+    REJECTED = "Rejected"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+    COMPLETED = "Completed"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (Status.QUEUED, Status.RUNNING, Status.DELIVERING, Status.OUTCOME_UNKNOWN)
+
+
+class EventKind(str, enum.Enum):
+    CLAIMED = "Claimed"
+    DELIVERY_AUTHORIZED = "DeliveryAuthorized"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+    FINISHED = "Finished"
+    REQUEUED_BY_RECOVERY = "RequeuedByRecovery"
+    STOPPED_BY_RECOVERY = "StoppedByRecovery"
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    RESOLVED_BY_RECOVERY = "ResolvedByRecovery"
+    RECONCILED = "Reconciled"
+    CORRECTED = "Corrected"
+    DELIVERY_EVIDENCE = "DeliveryEvidence"
+
+
+class FailureCode(str, enum.Enum):
+    BUILD_FAILED = "BuildFailed"
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    NOT_DELIVERED = "NotDelivered"
+    FINAL_NAME_OCCUPIED = "FinalNameOccupied"
+    ORIGINAL_DELIVERED = "OriginalDelivered"
+
+
+class CancellationOutcome(str, enum.Enum):
+    """What a recorded cancellation request found and did."""
+
+    CANCELED_WHILE_QUEUED = "CanceledWhileQueued"
+    STOP_REQUESTED = "StopRequested"
+    STOP_ALREADY_REQUESTED = "StopAlreadyRequested"
+    ALREADY_CANCELED = "AlreadyCanceled"
+    ALREADY_ENDED = "AlreadyEnded"
+    TOO_LATE = "TooLate"
+
+
+class Role(str, enum.Enum):
+    """The database roles; every connection runs under exactly one."""
+
+    APP = "exports_app"
+    DISPATCHER = "exports_dispatcher"
+    RECONCILER = "exports_reconciler"
+
+
+class ClaimResult(enum.Enum):
+    CLAIMED = "Claimed"
+    LOST = "Lost"          # another attempt claimed it, or it was canceled, edited or ended
+    UNKNOWN = "Unknown"    # the write and the re-read both failed: leave the message unsettled
+
+
+class AuthorizationResult(enum.Enum):
+    AUTHORIZED = "Authorized"
+    STOP_RECORDED = "StopRecorded"
+    LEASE_LAPSED = "LeaseLapsed"
+    NOT_OWNER = "NotOwner"
+    ORIGINAL_COMPLETED = "OriginalCompleted"
+    UNKNOWN = "Unknown"
+
+
+class WriteResult(enum.Enum):
+    """The answer of a conditional write whose loss of response is settled by re-reading the row."""
+
+    WRITTEN = "Written"
+    NOT_MATCHED = "NotMatched"   # the row was not in the state the write required: nothing changed
+    UNKNOWN = "Unknown"          # neither the write nor the re-read answered
+
+
+class RenewResult(enum.Enum):
+    RENEWED = "Renewed"
+    LOST = "Lost"          # the renewal changed no row: a takeover committed or the attempt ended
+    FAILED = "Failed"      # it raised; retried at the next interval
+
+
+class ReplacementResult(enum.Enum):
+    CREATED = "Created"
+    NOT_ALLOWED = "NotAllowed"    # original missing, another tenant's, a replacement, or not replaceable
+    SLOT_TAKEN = "SlotTaken"      # uq_export_jobs_one_replacement: a live or delivered replacement exists
+
+
+class EditResult(enum.Enum):
+    CHANGED = "Changed"
+    NOT_CHANGED = "NotChanged"    # started, ended, edited by someone else, or not this tenant's
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """State and ownership read together, for the lost-response wrappers."""
+
+    status: Status
+    attempt_id: UUID | None
+    stop_requested: bool
+    lease_current: bool
+    original_status: Status | None
+
+
+@dataclass(frozen=True)
+class ExpectedFile:
+    """What cutoff 2 records: the file the attempt is authorized to deliver."""
+
+    name: str
+    size: int
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class EditOutcome:
+    result: EditResult
+    version: int | None = None
+
+
+class CancellationReply(enum.Enum):
+    RECORDED = "Recorded"                 # the outcome is recorded (now, or by an earlier submission)
+    NOT_FOUND = "NotFound"                # no such job in this tenant; another tenant's job looks the same
+    REQUEST_ID_REUSED = "RequestIdReused"  # the id names another job or operator's request: a client error
+    BUSY = "Busy"                         # lock_timeout fired; nothing recorded; retry with the same id
+
+
+@dataclass(frozen=True)
+class CancellationResult:
+    reply: CancellationReply
+    request_id: UUID
+    outcome: CancellationOutcome | None = None
+    found_status: Status | None = None
+    found_attempt_id: UUID | None = None
+    found_attempt_count: int | None = None
+    found_delivery_authorized_at: datetime | None = None

@@ -1,0 +1,118 @@
+"""Shared fixtures: a real PostgreSQL (the machine's when EXPORTS_TEST_DATABASE_URL is set, else the
+embedded one), migrated once into a template database and copied per test, and connections that run
+under the restricted roles exactly as the processes do."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from app.store.database import Database, connect
+from app.store.migrate import migrate
+from app.store.types import Role
+
+pytest_plugins = ["tests.fixtures.sftp"] if (Path(__file__).parent / "fixtures" / "sftp.py").exists() else []
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _with_db(url: str, dbname: str) -> str:
+    return make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A superuser URL on the server the tests use."""
+    url = os.environ.get("EXPORTS_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_url: str) -> Iterator[str]:
+    name = f"exports_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    migrate(_with_db(pg_server_url, name))
+    yield name
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    """A superuser URL for a fresh copy of the migrated template."""
+    name = f"exports_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
+    yield _with_db(pg_server_url, name)
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def connect_as(db_url: str) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Opens connections under a role; all are closed after the test."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(role: Role = Role.APP, **kwargs) -> psycopg.Connection:
+        conn = connect(db_url, role, **kwargs)
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def conn(connect_as) -> psycopg.Connection:
+    """An autocommit connection as exports_app."""
+    return connect_as(Role.APP)
+
+
+@pytest.fixture
+def admin(db_url: str) -> Iterator[psycopg.Connection]:
+    """The owner, for seeding what no role may write and for inspecting; never for protocol writes."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
+        yield conn
+
+
+@pytest.fixture
+def app_db(db_url: str) -> Iterator[Database]:
+    with Database(db_url, Role.APP, max_size=4) as db:
+        yield db
+
+
+@pytest.fixture
+def seed(conn, admin):
+    """Builds rows in a given state through the real statements (tests/factories.py)."""
+    from tests.factories import Seeder
+
+    return Seeder(conn, admin)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI a skipped test is a failure: a test that needs a service must have it there."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if IN_CI and skipped and exitstatus == 0:
+        reporter.write_line(f"CI=true: {skipped} test(s) skipped; every test must run in CI", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
