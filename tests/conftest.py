@@ -18,7 +18,10 @@ from app.store.database import Database, connect
 from app.store.migrate import migrate
 from app.store.types import Role
 
-pytest_plugins = ["tests.fixtures.sftp"] if (Path(__file__).parent / "fixtures" / "sftp.py").exists() else []
+# Every module in tests/fixtures/ is a fixture plugin (SFTP servers, the database proxy, processes...).
+pytest_plugins = sorted(
+    f"tests.fixtures.{path.stem}" for path in (Path(__file__).parent / "fixtures").glob("*.py") if path.stem != "__init__"
+)
 
 IN_CI = os.environ.get("CI") == "true"
 
