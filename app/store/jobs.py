@@ -135,7 +135,8 @@ def read_ownership(conn: psycopg.Connection, *, job_id: UUID) -> Ownership | Non
 def _reread(db: Database, job_id: UUID) -> Ownership | None:
     """Raises when the database does not answer in time; the callers turn that into Unknown."""
     with db.connection(timeout=REREAD_TIMEOUT_SECONDS) as conn:
-        conn.execute("SET statement_timeout = %s", (f"{REREAD_TIMEOUT_SECONDS}s",))
+        # SET takes no bind parameters; set_config does.
+        conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{REREAD_TIMEOUT_SECONDS}s",))
         try:
             return read_ownership(conn, job_id=job_id)
         finally:
