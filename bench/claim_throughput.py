@@ -1,0 +1,152 @@
+"""Claim throughput of the store against its ceiling: pgbench running the very same claim statement.
+
+Both sides claim distinct queued jobs (each client walks its own ids), run as exports_app, with the
+same number of clients and claims, on the same server in the same run; the figure to read is the
+ratio, because these machines are shared and noisy.
+
+    python -m bench.claim_throughput [--clients 4] [--claims 2000]
+
+Uses EXPORTS_BENCH_DATABASE_URL (default: the local PostgreSQL at 127.0.0.1:5432) and creates a
+scratch database there, which it drops at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from app.store import jobs
+from app.store.database import connect
+from app.store.migrate import migrate
+from app.store.queries import QUERIES
+from app.store.types import Role
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def job_id(client: int, i: int) -> uuid.UUID:
+    return uuid.UUID(hashlib.md5(f"c{client}-{i}".encode()).hexdigest())
+
+
+def seed(url: str, clients: int, claims: int) -> None:
+    """Queued jobs whose ids both sides can compute: md5('c<client>-<i>')."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        tenant, dest = uuid.uuid4(), uuid.uuid4()
+        conn.execute("INSERT INTO tenants (id, name) VALUES (%s, 'bench')", (tenant,))
+        conn.execute(
+            "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
+            " VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/', 'x', 'env:X')", (dest, tenant))
+        with conn.transaction():
+            conn.execute("SET CONSTRAINTS ALL DEFERRED")
+            conn.execute(
+                """
+                WITH ids AS (
+                    SELECT md5('c' || c || '-' || i)::uuid AS id, 'k-' || c || '-' || i AS key
+                    FROM generate_series(0, %(clients)s - 1) c, generate_series(1, %(claims)s) i),
+                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
+                INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
+                SELECT id, %(tenant)s, 'Queued', 1, %(dest)s, key, 'bench', clock_timestamp() FROM ids
+                """,
+                dict(clients=clients, claims=claims, tenant=tenant, dest=dest))
+        conn.execute("VACUUM ANALYZE export_jobs")
+
+
+def pgbench_script() -> str:
+    """The claim statement with pgbench variables in place of psycopg parameters."""
+    statement = QUERIES["export_claim"]
+    replacements = {
+        "job_id": "md5('c' || :client_id || '-' || :i)::uuid",
+        "checked_version": "1",
+        "attempt_id": "gen_random_uuid()",
+        "worker_id": "'pgbench'",
+        "lease_seconds": "60",
+    }
+    for name, value in replacements.items():
+        statement = statement.replace(f"%({name})s", value)
+    assert "%(" not in statement, statement
+    # pgbench sends each line ending in ';' as one command: fold the statement onto one line.
+    return "\\set i :i + 1\n" + " ".join(line.split("--")[0].strip() for line in statement.splitlines()) + "\n"
+
+
+def run_pgbench(url: str, clients: int, claims: int) -> float:
+    params = conninfo_to_dict(url)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write(pgbench_script())
+    env = dict(os.environ, PGOPTIONS="-c role=exports_app")
+    cmd = ["pgbench", "-n", "-c", str(clients), "-j", str(clients), "-t", str(claims), "-D", "i=0", "-f", script.name,
+           "-h", params.get("host", "127.0.0.1"), "-p", str(params.get("port", 5432)), "-U", params.get("user", "postgres"),
+           params["dbname"]]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    os.unlink(script.name)
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+    return float(match.group(1))
+
+
+def run_store(url: str, clients: int, claims: int) -> float:
+    barrier = threading.Barrier(clients + 1)
+    claimed = [0] * clients
+
+    def client(c: int) -> None:
+        conn = connect(url, Role.APP)
+        barrier.wait()
+        for i in range(1, claims + 1):
+            claimed[c] += jobs.try_claim(conn, job_id=job_id(c, i), checked_version=1, attempt_id=uuid.uuid4(),
+                                         worker_id="bench", lease_seconds=60)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    assert sum(claimed) == clients * claims, f"claimed {sum(claimed)} of {clients * claims}"
+    return clients * claims / elapsed
+
+
+def scratch(url: str, name: str):
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    scratch_url = make_conninfo(url, dbname=name)
+    migrate(scratch_url)
+    return scratch_url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--claims", type=int, default=2000, help="claims per client")
+    args = parser.parse_args()
+    base = os.environ.get("EXPORTS_BENCH_DATABASE_URL", DEFAULT_URL)
+    name = f"exports_bench_{os.getpid()}"
+
+    url = scratch(base, name)
+    seed(url, args.clients, args.claims)
+    ceiling = run_pgbench(url, args.clients, args.claims)
+    url = scratch(base, name)
+    seed(url, args.clients, args.claims)
+    store = run_store(url, args.clients, args.claims)
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    print(f"claims: {args.clients} clients x {args.claims}")
+    print(f"  pgbench, same statement (ceiling): {ceiling:10.0f} claims/s")
+    print(f"  app.store.jobs.try_claim:          {store:10.0f} claims/s")
+    print(f"  ratio store / ceiling:             {store / ceiling:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
