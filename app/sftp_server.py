@@ -131,7 +131,12 @@ def sha256_file(path: str | os.PathLike[str], offset: int = 0, length: int = 0) 
 
 
 class _Handle(paramiko.SFTPHandle):
-    pass
+    def stat(self):
+        # fstat: paramiko's prefetch (a read-back) asks for the size through the handle.
+        try:
+            return paramiko.SFTPAttributes.from_stat(os.fstat(self.readfile.fileno()))
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
 
 
 class _Filesystem(paramiko.SFTPServerInterface):

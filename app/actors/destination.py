@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import errno
 import hashlib
 import json
 import logging
@@ -376,6 +377,20 @@ class Receipt:
 RecordEvidence = Callable[[Evidence], None]
 
 
+def _is_status_reply(exc: BaseException) -> bool:
+    """True for the error paramiko raises when the server answered a request with a failure status.
+
+    paramiko turns a status into a plain OSError (errno None), FileNotFoundError or PermissionError;
+    a broken or silent connection raises TimeoutError, ConnectionError, EOFError or SSHException,
+    which say nothing about what the server did.
+    """
+    return (
+        isinstance(exc, OSError)
+        and not isinstance(exc, (TimeoutError, ConnectionError))
+        and exc.errno in (None, errno.ENOENT, errno.EACCES)
+    )
+
+
 @dataclass(frozen=True)
 class _Credential:
     password: str | None = field(default=None, repr=False)
@@ -571,6 +586,8 @@ class Destination:
         except FileNotFoundError:
             raise
         except OSError as exc:
+            if not _is_status_reply(exc):
+                raise
             # Unsupported or refused: the contract promised a hash, so say so, but a missing hash
             # only weakens the evidence.
             log.warning("destination.remote_hash_unavailable final_path=%s error=%s", path, describe(exc))
@@ -621,6 +638,9 @@ class Destination:
         """
         final = expected.name
         temp = temp_name(final, attempt_id)
+        # Programming errors, raised before anything is sent rather than classified.
+        self.config.remote_path(final)
+        self.config.remote_path(temp)
         stage = Stage.CONNECT
         baseline: Listing | None = None
         credential: _Credential | None = None
@@ -726,8 +746,8 @@ class Destination:
             else:
                 session.sftp.rename(source, target)
         except OSError as exc:
-            if isinstance(exc, TimeoutError):
-                raise  # no reply at all: the rename may have run
+            if not _is_status_reply(exc):
+                raise  # no reply, or a broken connection: the rename may have run
             # The server answered: it refused. OpenSSH says only "Failure", so look rather than parse.
             fresh = self._list(session, final, with_hash=True)
             self._record(record_evidence, Evidence(EvidenceStage.RENAME_REFUSED, fresh, attempt_id))

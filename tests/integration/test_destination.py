@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import paramiko
 import pytest
 
 from app.actors.destination import (
     Completed,
+    CredentialError,
+    Destination,
     Evidence,
     EvidenceStage,
     ExpectedFile,
@@ -29,7 +30,7 @@ from app.actors.destination import (
     ack_name,
     temp_name,
 )
-from tests.fixtures.sftp import SftpPeer
+from tests.fixtures.sftp import SftpPeer, key_secrets, make_client_key
 
 FINAL = "contacts-tenant-7-key-42.csv"
 SIZE = 200_000
@@ -128,6 +129,35 @@ def test_an_original_on_a_hashing_server_completes_with_checksum_proof(hash_peer
     assert outcome.receipt.proof is Proof.CHECKSUM
     assert outcome.receipt.evidence.listing.sha256 == expected.sha256
     assert outcome.receipt.evidence.listing.hash_source == "check-file-name"
+
+
+def test_an_original_completes_on_the_partners_acknowledgment(embedded_sftp: SftpPeer, tmp_path: Path) -> None:
+    peer = embedded_sftp
+    assert peer.server is not None
+    peer.server.acknowledgments = True
+    local, expected = make_export(tmp_path)
+
+    outcome = peer.destination(acknowledgments=True).deliver(
+        local, expected, attempt_id="att-1", record_evidence=Recorder(peer)
+    )
+
+    assert isinstance(outcome, Completed)
+    assert outcome.receipt.proof is Proof.ACKNOWLEDGMENT
+    assert outcome.receipt.evidence.listing.ack == expected.sha256_hex
+
+
+def test_a_baseline_that_cannot_be_recorded_stops_the_delivery_before_any_upload(
+    peer: SftpPeer, tmp_path: Path
+) -> None:
+    local, expected = make_export(tmp_path)
+
+    def database_down(evidence: Evidence) -> None:
+        raise ConnectionError("evidence store unreachable")
+
+    outcome = peer.destination().deliver(local, expected, attempt_id="att-1", record_evidence=database_down)
+
+    assert isinstance(outcome, Failed) and outcome.code is FailureCode.NOT_DELIVERED
+    assert peer.files() == {}
 
 
 def test_an_original_whose_final_name_is_occupied_fails_final_name_occupied_and_uploads_nothing(
@@ -295,6 +325,27 @@ def test_an_agreed_overwrite_completes_on_the_partners_acknowledgment_of_this_up
     assert (peer.inbox / FINAL).read_bytes() == local.read_bytes()
 
 
+def test_an_agreed_overwrite_completes_on_a_read_back_hash_where_the_contract_allows_it(
+    peer: SftpPeer, tmp_path: Path
+) -> None:
+    original, unknown = os.urandom(SIZE), os.urandom(SIZE)
+    (peer.inbox / FINAL).write_bytes(unknown)
+    local, expected = make_export(tmp_path)
+
+    outcome = peer.destination(read_back=True).deliver(
+        local,
+        expected,
+        attempt_id="att-r",
+        replacement_of=expected_for(original),
+        overwrite_agreed=True,
+        record_evidence=Recorder(peer),
+    )
+
+    assert isinstance(outcome, Completed)
+    assert outcome.receipt.proof is Proof.CHECKSUM
+    assert outcome.receipt.evidence.listing.hash_source == "read-back"
+
+
 def test_an_agreed_overwrite_without_hash_or_acknowledgment_is_unknown(peer: SftpPeer, tmp_path: Path) -> None:
     original, unknown = os.urandom(SIZE), os.urandom(SIZE)
     (peer.inbox / FINAL).write_bytes(unknown)
@@ -454,6 +505,7 @@ def test_no_secret_appears_in_any_exception_outcome_repr_or_log_record(
     caplog.set_level(logging.DEBUG)
     local, expected = make_export(tmp_path)
     texts: list[str] = [repr(peer.config), str(peer.config), repr(peer.destination())]
+    secrets: tuple[str, ...] = peer.secrets
 
     delivered = peer.destination().deliver(local, expected, attempt_id="att-1", record_evidence=Recorder(peer))
     texts.append(repr(delivered))
@@ -466,24 +518,30 @@ def test_no_secret_appears_in_any_exception_outcome_repr_or_log_record(
     if peer.kind == "embedded":
         refused_env[next(iter(peer.environ))] = peer.secrets[0][::-1]
     else:
-        bogus = tmp_path / "bogus_key"
-        bogus.write_text("\n".join(("-----BEGIN OPENSSH PRIVATE KEY-----", *peer.secrets, "-----END")) + "\n")
-        refused_env[next(iter(peer.environ))] = str(bogus)
-    from app.actors.destination import CredentialError, Destination
-
+        unknown_key = make_client_key(tmp_path / "unknown-key")
+        secrets += key_secrets(unknown_key)
+        refused_env[next(iter(peer.environ))] = str(unknown_key.private_path)
     refused = Destination(peer.config, environ=refused_env).deliver(
         local, expected, attempt_id="att-3", record_evidence=Recorder(peer)
     )
     texts.append(repr(refused))
+    # A key file that does not parse: the library's complaint must not quote it.
+    garbled = tmp_path / "garbled_key"
+    garbled.write_text("\n".join(("-----BEGIN OPENSSH PRIVATE KEY-----", *secrets, "-----END")) + "\n")
+    unreadable = peer.destination(credential_ref=f"keyfile:{garbled}")
+    with pytest.raises(CredentialError) as garbled_error:
+        unreadable.inspect(FINAL)
+    texts.append(str(garbled_error.value))
     with pytest.raises(CredentialError) as missing:
         Destination(peer.config, environ={}).inspect(FINAL)
     texts.append(str(missing.value))
 
     assert isinstance(delivered, Completed)
     assert isinstance(wrong_key, Failed) and isinstance(refused, Failed)
+    assert "Authentication" in refused.detail
     texts += [record.getMessage() for record in caplog.records]
     texts += [record.exc_text or "" for record in caplog.records]
-    leaks = [text for text in texts for secret in peer.secrets if secret in text]
+    leaks = [text for text in texts for secret in secrets if secret in text]
     assert leaks == []
 
 
