@@ -1,0 +1,165 @@
+"""The builder: streams a tenant's consenting contacts from PostgreSQL into a local CSV file.
+
+PostgreSQL writes the CSV itself (``COPY ... TO STDOUT``) and the builder streams it block by block
+to disk, computing size and SHA-256 as it writes, so memory stays flat in the number of contacts.
+
+Stopping: the stop signal is checked between blocks, and setting it also cancels the running
+statement, so a stop is not held up by a slow query. A stop raises ``BuildStopped``, unwrapped, after
+removing the partial file; every other failure is wrapped in ``BuildFailed`` (also after removing
+it). Nothing here ever leaves the process: a failed or stopped build is always reversible.
+
+Files are named ``{job_id}.{attempt_id}.csv`` (``.part`` while written) under the work directory, so
+the scavenger can tie any file it finds to an attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from app.actors.policy import Scope
+from app.actors.stop import StopReason, StopSignal
+from app.store.database import connect
+from app.store.types import Role
+
+log = logging.getLogger(__name__)
+
+APPLICATION_NAME = "exports-builder"
+
+#: The export's columns, in order; the header row names them.
+COLUMNS = ("email", "full_name", "company", "phone")
+
+#: COPY cannot take server-side parameters: the tenant id is bound client-side by psycopg (a quoted
+#: literal, never concatenated by hand).
+COPY_CONSENTING_CONTACTS = sql.SQL(
+    "COPY (SELECT email, full_name, company, phone FROM contacts"
+    " WHERE tenant_id = {tenant_id} AND consent ORDER BY id)"
+    " TO STDOUT WITH (FORMAT csv, HEADER true, ENCODING 'UTF8')")
+
+
+class BuildStopped(Exception):
+    """Raised when the attempt's stop signal ended the build; the partial file is already removed."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(f"build stopped: {reason.value}")
+        self.reason = reason
+
+
+class BuildFailed(Exception):
+    """Raised for every other failure of a build (the cause is chained); nothing left the process."""
+
+
+@dataclass(frozen=True)
+class BuiltFile:
+    """A complete local export file and what cutoff 2 records about it."""
+
+    path: Path
+    size: int
+    sha256: bytes = field(repr=False)
+    rows: int
+
+    def delete(self) -> bool:
+        """Best effort and idempotent, never raises; a failure is logged for the scavenger."""
+        return remove_quietly(self.path)
+
+
+def file_name(job_id: UUID, attempt_id: UUID) -> str:
+    return f"{job_id}.{attempt_id}.csv"
+
+
+def remove_quietly(path: Path) -> bool:
+    try:
+        path.unlink(missing_ok=True)
+        return True
+    except OSError as exc:
+        log.error("builder.remove_failed path=%s error=%s", path, type(exc).__name__)
+        return False
+
+
+#: Called after every block written (and once before the file is finished), with the stop signal.
+#: Tests use it to hold a build at a known point; production passes none.
+Checkpoint = Callable[[StopSignal], None]
+
+
+class ContactsBuilder:
+    def __init__(self, url: str, work_dir: Path, *, checkpoint: Checkpoint | None = None,
+                 connect_app: Callable[[], psycopg.Connection] | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.checkpoint = checkpoint
+        self._connect = connect_app or (lambda: connect(url, Role.APP, application_name=APPLICATION_NAME))
+
+    def build(self, *, job_id: UUID, attempt_id: UUID, tenant_id: UUID, scope: Scope,
+              stop: StopSignal) -> BuiltFile:
+        final = self.work_dir / file_name(job_id, attempt_id)
+        partial = final.with_name(final.name + ".part")
+        try:
+            built = self._write(partial, tenant_id, scope, stop)
+            os.replace(partial, final)
+            return BuiltFile(final, built[0], built[1], built[2])
+        except BuildStopped:
+            remove_quietly(partial)
+            raise
+        except Exception as exc:
+            remove_quietly(partial)
+            if stop.is_set():
+                # The cancellation the stop caused surfaces as the database's error: it is a stop.
+                raise BuildStopped(stop.reason) from None
+            raise BuildFailed(f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            remove_quietly(partial)
+            remove_quietly(final)
+            raise
+
+    def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal) -> tuple[int, bytes, int]:
+        if scope is not Scope.CONSENTING_CONTACTS:
+            raise ValueError(f"unsupported scope {scope!r}")
+        self._check(stop)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        size = 0
+        lines = 0
+        with self._connect() as conn:
+            unregister = stop.on_set(lambda _reason: _cancel(conn))
+            try:
+                with partial.open("xb") as out, conn.cursor() as cur:
+                    with cur.copy(COPY_CONSENTING_CONTACTS.format(tenant_id=sql.Literal(str(tenant_id)))) as copy:
+                        for block in copy:
+                            self._check(stop)
+                            data = bytes(block)
+                            out.write(data)
+                            digest.update(data)
+                            size += len(data)
+                            lines += data.count(b"\n")
+                            if self.checkpoint is not None:
+                                self.checkpoint(stop)
+                                self._check(stop)
+                    if self.checkpoint is not None:
+                        self.checkpoint(stop)
+                    self._check(stop)
+                    out.flush()
+                    os.fsync(out.fileno())
+            finally:
+                unregister()
+        # The header is one line; a quoted field may hold a newline, so this counts lines, not rows,
+        # and is used for logs only.
+        return size, digest.digest(), max(lines - 1, 0)
+
+    @staticmethod
+    def _check(stop: StopSignal) -> None:
+        if stop.is_set():
+            raise BuildStopped(stop.reason or StopReason.SHUTDOWN)
+
+
+def _cancel(conn: psycopg.Connection) -> None:
+    try:
+        conn.cancel_safe(timeout=2)
+    except Exception:   # the statement may have ended already; the block check catches the stop
+        log.debug("builder.cancel_failed", exc_info=True)

@@ -1,0 +1,122 @@
+"""The export actor: one wake-up message, ``export_ready(job_id)``, runs the export runner.
+
+Settlement is Dramatiq's: a message is acked when the actor returns, and retried when it raises.
+- Every outcome of the runner returns normally, so the message is settled: once the claim is
+  confirmed (or lost) the row, not the message, carries the job.
+- The one deliberate exception is ``ClaimUnknown``: the claim and its re-read both failed, so nobody
+  knows whether this worker owns the job. Raising it leaves the message unsettled, and Dramatiq
+  delivers it again with backoff. If the claim had in fact committed, the redelivery finds the job
+  Running and does nothing, and recovery takes the attempt over when its lease expires.
+
+Options, set deliberately rather than inherited:
+- ``time_limit`` is infinite. Dramatiq's TimeLimit (10 minutes by default) raises an asynchronous
+  ``BaseException`` at the next bytecode, which mid-upload would turn a good delivery into
+  OutcomeUnknown and could land between the evidence and the terminal write. Hangs are bounded where
+  they can happen instead: SFTP connect and I/O timeouts, the re-read's statement timeout, and the
+  lease, which lets recovery take over an attempt that stopped renewing. (``None`` would break the
+  TimeLimit middleware; ``inf`` does not.)
+- ``max_retries`` bounds the redeliveries of a message that keeps failing before its claim (the
+  database is unreachable): after them it is dead-lettered, and the sweeper republishes the still
+  Queued job. An unexpected error after the claim is retried too, harmlessly: the retry finds the job
+  no longer Queued and settles.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Callable
+from uuid import UUID
+
+import dramatiq
+
+from app.actors.builder import ContactsBuilder
+from app.actors.lease import Leases
+from app.actors.policy import ExportPolicy
+from app.actors.runner import ExportRunner, RunOutcome, RunResult
+from app.actors.watcher import StopWatcher
+from app.config import Settings
+from app.store.database import Database
+from app.store.types import Role
+
+log = logging.getLogger(__name__)
+
+QUEUE = "exports"
+ACTOR_NAME = "export_ready"
+#: No time limit, in milliseconds (see above).
+TIME_LIMIT_MS = float("inf")
+#: Redeliveries of a message whose claim stayed unknown (or that failed before its claim).
+MAX_RETRIES = 10
+#: Backoff between those redeliveries, in milliseconds: the database gets time to come back.
+MIN_BACKOFF_MS = 1_000
+MAX_BACKOFF_MS = 60_000
+
+ACTOR_OPTIONS = dict(time_limit=TIME_LIMIT_MS, max_retries=MAX_RETRIES, min_backoff=MIN_BACKOFF_MS,
+                     max_backoff=MAX_BACKOFF_MS)
+
+
+class ClaimUnknown(Exception):
+    """Raised when the claim and its re-read both failed: the message stays unsettled and is retried."""
+
+
+Run = Callable[[UUID], RunResult]
+
+
+def declare(broker: dramatiq.Broker, run: Run | None = None, **options: object) -> dramatiq.Actor:
+    """Declares ``export_ready`` on ``broker``. ``run`` defaults to this process's runner, built from
+    the environment on first use; tests pass their own, and may override options."""
+
+    def export_ready(job_id: str) -> None:
+        result = (run or process_runner().run)(UUID(job_id))
+        log.info("export.processed job_id=%s outcome=%s attempt_id=%s",
+                 job_id, result.outcome.value, result.attempt_id)
+        if result.outcome is RunOutcome.CLAIM_UNKNOWN:
+            raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")
+
+    return dramatiq.Actor(export_ready, broker=broker, actor_name=ACTOR_NAME, queue_name=QUEUE, priority=0,
+                          options={**ACTOR_OPTIONS, **options})
+
+
+_runner: ExportRunner | None = None
+_runner_lock = threading.Lock()
+
+
+def process_runner() -> ExportRunner:
+    """This worker process's runner: one pool, one stop watcher and the shared lease scheduler."""
+    global _runner
+    with _runner_lock:
+        if _runner is None:
+            _runner, close = build_runner(Settings.from_env())
+            atexit.register(close)
+        return _runner
+
+
+def database_url(settings: Settings) -> str:
+    """The configured database, or the embedded PostgreSQL under the state directory (pgserver shares
+    one server per data directory between processes)."""
+    if settings.database_url:
+        return settings.database_url
+    import pgserver
+
+    return pgserver.get_server(settings.state_dir / "pgdata", cleanup_mode=None).get_uri()
+
+
+def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner, Callable[[], None]]:
+    """A runner wired from settings, and the function that releases what it holds."""
+    url = database_url(settings)
+    db = Database(url, Role.APP, max_size=8, name="exports-worker")
+    watcher = StopWatcher(url, poll_seconds=settings.stop_poll_seconds)
+    parts: dict[str, object] = dict(
+        db=db, lease_seconds=settings.lease_seconds, policy=ExportPolicy(),
+        builder=ContactsBuilder(url, settings.work_dir),
+        leases=Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds),
+        watcher=watcher)
+    parts.update(overrides)
+    runner = ExportRunner(**parts)  # type: ignore[arg-type]
+
+    def close() -> None:
+        watcher.close()
+        db.close()
+
+    return runner, close

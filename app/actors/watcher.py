@@ -1,0 +1,176 @@
+"""The stop watcher: notices a recorded stop request quickly, for speed and never for correctness.
+
+One watcher per worker process holds one connection that LISTENs on ``exports_stop`` (the payload is
+the job id; a trigger sends it when ``stop_request_id`` is first set) and polls every
+``poll_seconds`` as a fallback, because a notification can be lost (a reconnect, a listener that
+started late). Either way the request is confirmed against the row: the job is Running, owned by the
+watched attempt, with a stop request recorded. Only then is the attempt's stop signal set.
+
+Cutoff 2 refuses delivery after a recorded stop request whether or not the watcher saw it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+from uuid import UUID
+
+import psycopg
+
+from app.actors.stop import StopReason, StopSignal
+from app.store.database import connect
+from app.store.types import Role
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "exports_stop"
+#: The longest the listener blocks before it looks at newly registered watches, in seconds.
+TICK_SECONDS = 0.1
+#: Seconds between attempts to reconnect after the watcher's connection failed.
+RECONNECT_SECONDS = 1.0
+APPLICATION_NAME = "exports-watcher"
+
+#: Which of the watched attempts have a recorded stop request, confirmed on the row itself.
+CONFIRM_STOPS = """
+SELECT j.id
+FROM export_jobs j
+JOIN unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS w (job_id, attempt_id)
+  ON j.id = w.job_id AND j.attempt_id = w.attempt_id
+WHERE j.status = 'Running' AND j.stop_request_id IS NOT NULL
+"""
+
+
+@dataclass(frozen=True)
+class _Watched:
+    attempt_id: UUID
+    stop: StopSignal
+
+
+class Watch:
+    """One attempt's registration; ``close()`` (or leaving the ``with`` block) ends it."""
+
+    def __init__(self, watcher: "StopWatcher", job_id: UUID) -> None:
+        self._watcher = watcher
+        self.job_id = job_id
+
+    def close(self) -> None:
+        self._watcher._unwatch(self.job_id)
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StopWatcher:
+    """Watches any number of attempts in this process over one connection and one thread."""
+
+    def __init__(self, url: str, *, poll_seconds: float, listen: bool = True,
+                 connect_app: Callable[[], psycopg.Connection] | None = None) -> None:
+        self.poll_seconds = poll_seconds
+        self.listen = listen
+        self._connect = connect_app or (lambda: connect(url, Role.APP, application_name=APPLICATION_NAME))
+        self._lock = threading.Lock()
+        self._watched: dict[UUID, _Watched] = {}
+        self._unchecked: set[UUID] = set()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: How each confirmed stop was found, for tests and the latency bench.
+        self.confirmed_by_notify = 0
+        self.confirmed_by_poll = 0
+
+    # --- registration -----------------------------------------------------------------------------
+
+    def watch(self, job_id: UUID, attempt_id: UUID, stop: StopSignal) -> Watch:
+        """Watches one attempt. The row is checked at once too: a request recorded before the
+        registration sent its notification to nobody."""
+        with self._lock:
+            self._watched[job_id] = _Watched(attempt_id, stop)
+            self._unchecked.add(job_id)
+            self._ensure_thread()
+        return Watch(self, job_id)
+
+    def _unwatch(self, job_id: UUID) -> None:
+        with self._lock:
+            self._watched.pop(job_id, None)
+            self._unchecked.discard(job_id)
+
+    def close(self) -> None:
+        self._closed.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="exports-stop-watcher", daemon=True)
+            self._thread.start()
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        next_poll = 0.0
+        while not self._closed.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                    if self.listen:
+                        conn.execute(f"LISTEN {CHANNEL}")
+                    next_poll = 0.0   # whatever was sent while we were away is lost: poll now
+                notified: set[UUID] = set()
+                if self.listen:
+                    for notify in conn.notifies(timeout=TICK_SECONDS, stop_after=1):
+                        try:
+                            notified.add(UUID(notify.payload))
+                        except ValueError:
+                            log.warning("watcher.bad_payload")
+                else:
+                    self._closed.wait(TICK_SECONDS)
+                with self._lock:
+                    if not self._watched:
+                        next_poll = 0.0
+                        continue
+                    fresh, self._unchecked = self._unchecked, set()
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.poll_seconds
+                    self._confirm(conn, None, by_notify=False)
+                else:
+                    if notified:
+                        self._confirm(conn, notified, by_notify=True)
+                    if fresh - notified:
+                        self._confirm(conn, fresh - notified, by_notify=False)
+            except Exception as exc:
+                log.warning("watcher.connection_failed error=%s", type(exc).__name__)
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+                conn = None
+                self._closed.wait(RECONNECT_SECONDS)
+        if conn is not None:
+            conn.close()
+
+    def _confirm(self, conn: psycopg.Connection, job_ids: set[UUID] | None, *, by_notify: bool) -> None:
+        """Confirms against the row, for the given jobs or every watched one."""
+        with self._lock:
+            targets = {job_id: w for job_id, w in self._watched.items()
+                       if (job_ids is None or job_id in job_ids) and not w.stop.is_set()}
+        if not targets:
+            return
+        rows = conn.execute(CONFIRM_STOPS, dict(
+            job_ids=list(targets), attempt_ids=[w.attempt_id for w in targets.values()])).fetchall()
+        for row in rows:
+            watched = targets[row["id"]]
+            if watched.stop.set(StopReason.STOP_REQUESTED):
+                if by_notify:
+                    self.confirmed_by_notify += 1
+                else:
+                    self.confirmed_by_poll += 1
+                log.info("watcher.stop_confirmed job_id=%s attempt_id=%s via=%s",
+                         row["id"], watched.attempt_id, "notify" if by_notify else "poll")
