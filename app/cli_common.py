@@ -1,0 +1,193 @@
+"""What every ``exports`` subcommand shares: exit codes, the one-line error, argument types that
+refuse hostile input before it reaches the database, and the context that resolves the database."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+from uuid import UUID
+
+import psycopg
+
+from app.config import Settings
+from app.store.database import connect
+from app.store.types import Role, Status
+
+#: Done, including every recorded cancellation outcome (TooLate and AlreadyEnded are answers, not errors).
+EXIT_OK = 0
+#: Something unexpected (the database unreachable, a bug); the one-line message says what.
+EXIT_FAILURE = 1
+#: Bad input: a malformed id, an unknown status, a hostile or oversized string, a bad CSV row.
+EXIT_BAD_INPUT = 2
+#: Not found: no such job, tenant or destination. Another tenant's job answers exactly like a missing one.
+EXIT_NOT_FOUND = 3
+#: Refused or conflict: not granted for the tenant, NotChanged, RequestIdReused, replacement not
+#: allowed or its slot taken, a reconciliation or correction that matched nothing.
+EXIT_REFUSED = 4
+#: Busy: the job's row was locked past the lock timeout; nothing was recorded. Retry with the same request id.
+EXIT_BUSY = 75
+
+EXIT_CODES_HELP = f"""exit codes:
+  {EXIT_OK}   done (every recorded cancellation outcome included)
+  {EXIT_FAILURE}   unexpected failure (database unreachable, ...)
+  {EXIT_BAD_INPUT}   bad input (malformed id, unknown status, hostile or oversized text)
+  {EXIT_NOT_FOUND}   not found (another tenant's job looks exactly like a missing one)
+  {EXIT_REFUSED}   refused or conflict (operator not granted for the tenant, NotChanged,
+      RequestIdReused, replacement not allowed or slot taken)
+  {EXIT_BUSY}  busy: nothing recorded; retry with the same --request-id"""
+
+#: Longest accepted name (tenants, destinations, operators), matching the schema's CHECKs.
+MAX_NAME = 200
+#: Longest accepted free text (reasons, evidence, host key lines, paths).
+MAX_TEXT = 2000
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class CliError(Exception):
+    """Raised to end a command with a one-line message and an exit code; nothing more is printed."""
+
+    def __init__(self, code: int, message: str, **data: object):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def bad_input(message: str) -> CliError:
+    return CliError(EXIT_BAD_INPUT, message)
+
+
+def not_found(message: str) -> CliError:
+    return CliError(EXIT_NOT_FOUND, message)
+
+
+def refused(message: str, **data: object) -> CliError:
+    return CliError(EXIT_REFUSED, message, **data)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2, never the usage block."""
+
+    def error(self, message: str) -> None:   # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_printable(message)}\n")
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    """Text safe for one terminal line: control characters and undecodable bytes escaped, long text cut."""
+    cleaned = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    cleaned = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", cleaned).replace("\n", "\\n").replace("\t", "\\t")
+    return cleaned if len(cleaned) <= limit else cleaned[:limit] + f"... ({len(cleaned)} chars)"
+
+
+printable = _printable
+
+
+def text(max_length: int = MAX_TEXT, *, allow_empty: bool = False):
+    """An argparse type for free text: valid UTF-8, no control characters, bounded length."""
+
+    def parse(value: str) -> str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise argparse.ArgumentTypeError("not valid UTF-8") from None
+        if _CONTROL.search(value) or "\n" in value:
+            raise argparse.ArgumentTypeError("control characters are not allowed")
+        if len(value) > max_length:
+            raise argparse.ArgumentTypeError(f"too long ({len(value)} characters; at most {max_length})")
+        if not allow_empty and not value.strip():
+            raise argparse.ArgumentTypeError("must not be empty")
+        return value
+
+    parse.__name__ = "text"
+    return parse
+
+
+name = text(MAX_NAME)
+
+
+def uuid_arg(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {_printable(value, 60)!r}") from None
+
+
+uuid_arg.__name__ = "UUID"
+
+
+def status_arg(value: str) -> Status:
+    for status in Status:
+        if value.lower() == status.value.lower():
+            return status
+    raise argparse.ArgumentTypeError(
+        f"unknown status {_printable(value, 60)!r}; one of: {', '.join(s.value for s in Status)}")
+
+
+status_arg.__name__ = "status"
+
+
+def positive_int(maximum: int):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {_printable(value, 60)!r}") from None
+        if not 1 <= number <= maximum:
+            raise argparse.ArgumentTypeError(f"must be between 1 and {maximum}")
+        return number
+
+    parse.__name__ = "number"
+    return parse
+
+
+def seconds_arg(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {_printable(value, 60)!r}") from None
+    if not 0.001 <= number <= 3600:
+        raise argparse.ArgumentTypeError("must be between 0.001 and 3600 seconds")
+    return number
+
+
+seconds_arg.__name__ = "seconds"
+
+
+@dataclass
+class Context:
+    """Per invocation: the settings, the output mode, and the database URL resolved once."""
+
+    settings: Settings
+    json: bool = False
+    _url: str | None = field(default=None, repr=False)
+
+    def database_url(self) -> str:
+        if self._url is None:
+            if self.settings.database_url:
+                self._url = self.settings.database_url
+            else:
+                from app import embedded
+
+                self._url = embedded.database_url(self.settings)
+        return self._url
+
+    @contextmanager
+    def connection(self, role: Role = Role.APP) -> Iterator[psycopg.Connection]:
+        conn = connect(self.database_url(), role, application_name="exports-cli")
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def models(self, role: Role = Role.APP):
+        from app.store import models
+
+        return models.bind(self.database_url(), role)
+
+
+def out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")

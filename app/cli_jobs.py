@@ -1,0 +1,180 @@
+"""The operator's writes on exports, each through its app/store function, each after the operator's
+grant for the tenant is checked. The store's answers map to exit codes here, deliberately."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from typing import assert_never
+
+from app import cli_lookup
+from app.cli_common import EXIT_BUSY, EXIT_OK, CliError, Context, not_found, refused
+from app.cli_output import emit
+from app.store import cancellation, jobs, recovery
+from app.store.types import (
+    CancellationOutcome,
+    CancellationReply,
+    EditResult,
+    FailureCode,
+    ReplacementResult,
+    Role,
+    Status,
+)
+
+_OUTCOME_TEXT = {
+    CancellationOutcome.CANCELED_WHILE_QUEUED: "canceled: it had not started",
+    CancellationOutcome.STOP_REQUESTED: "stop requested: it is being built; the worker stops before delivery",
+    CancellationOutcome.STOP_ALREADY_REQUESTED: "a stop was already requested; the worker stops before delivery",
+    CancellationOutcome.ALREADY_CANCELED: "already canceled",
+    CancellationOutcome.ALREADY_ENDED: "already ended",
+    CancellationOutcome.TOO_LATE: "too late: delivery was already authorized; the request is recorded, not obeyed",
+}
+
+
+def _lock_timeout(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def create(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.models()
+    tenant = cli_lookup.tenant(args.tenant)
+    cli_lookup.require_grant(args.by, tenant)
+    destination = cli_lookup.destination(tenant, args.destination)
+    job_id, delivery_key = uuid.uuid4(), uuid.uuid4().hex
+    with ctx.connection() as conn:
+        result = jobs.create(conn, job_id=job_id, tenant_id=tenant.id, destination_id=destination.id,
+                             delivery_key=delivery_key, created_by=args.by)
+    if result is jobs.CreateResult.UNKNOWN_DESTINATION:
+        raise not_found(f"no destination {destination.id} in tenant {tenant.name!r}")
+    if result is jobs.CreateResult.KEY_TAKEN:
+        raise refused(f"delivery key {delivery_key} is taken in tenant {tenant.name!r}; nothing created")
+    emit(ctx, f"export {job_id} queued for {destination.name!r} (file {jobs.final_name(delivery_key)})",
+         {"job_id": str(job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
+          "delivery_key": delivery_key, "final_name": jobs.final_name(delivery_key), "status": Status.QUEUED.value})
+    return EXIT_OK
+
+
+def cancel(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.models()
+    tenant = cli_lookup.tenant(args.tenant)
+    cli_lookup.require_grant(args.by, tenant)
+    request_id = args.request_id or uuid.uuid4()
+    with ctx.connection() as conn:
+        result = cancellation.request_cancellation(
+            conn, tenant_id=tenant.id, job_id=args.job, request_id=request_id, requested_by=args.by,
+            reason=args.reason, lock_timeout=_lock_timeout(args.lock_timeout))
+    reply = result.reply
+    if reply is CancellationReply.RECORDED:
+        assert result.outcome is not None
+        found = result.found_status.value if result.found_status else None
+        emit(ctx, f"{_OUTCOME_TEXT[result.outcome]} (found {found}; request {request_id})",
+             {"job_id": str(args.job), "request_id": str(request_id), "reply": reply.value,
+              "outcome": result.outcome.value, "found_status": found,
+              "found_attempt_id": result.found_attempt_id, "found_attempt_count": result.found_attempt_count,
+              "found_delivery_authorized_at": result.found_delivery_authorized_at})
+        return EXIT_OK
+    if reply is CancellationReply.NOT_FOUND:
+        raise CliError(3, f"no export {args.job} in tenant {tenant.name!r}; nothing recorded",
+                       request_id=str(request_id), reply=reply.value)
+    if reply is CancellationReply.REQUEST_ID_REUSED:
+        raise CliError(4, f"request id {request_id} was already used for another export or operator; "
+                          "nothing recorded", request_id=str(request_id), reply=reply.value)
+    if reply is CancellationReply.BUSY:
+        raise CliError(EXIT_BUSY, f"busy: export {args.job} is locked; nothing recorded; retry with "
+                                  f"--request-id {request_id}", request_id=str(request_id), reply=reply.value)
+    assert_never(reply)
+
+
+def edit(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.models()
+    tenant = cli_lookup.tenant(args.tenant)
+    cli_lookup.require_grant(args.by, tenant)
+    job = cli_lookup.job(tenant, args.job)
+    destination = cli_lookup.destination(tenant, args.destination)
+    with ctx.connection() as conn:
+        outcome = jobs.edit_terms(conn, tenant_id=tenant.id, job_id=job.id, expected_version=args.expected_version,
+                                  destination_id=destination.id)
+    if outcome.result is EditResult.NOT_CHANGED:
+        current = cli_lookup.job(tenant, args.job)
+        raise refused(f"NotChanged: export {job.id} is {current.status} at version {current.version} "
+                      f"(terms change only while Queued, at the expected version {args.expected_version})",
+                      reply=outcome.result.value, status=current.status, version=current.version)
+    emit(ctx, f"export {job.id} now goes to {destination.name!r} (version {outcome.version})",
+         {"job_id": str(job.id), "result": outcome.result.value, "version": outcome.version,
+          "destination_id": str(destination.id)})
+    return EXIT_OK
+
+
+def replace(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.models()
+    tenant = cli_lookup.tenant(args.tenant)
+    cli_lookup.require_grant(args.by, tenant)
+    named = cli_lookup.job(tenant, args.job)
+    # A replacement always names the original, so naming a replacement means its original.
+    original = cli_lookup.job(tenant, named.replaces_job_id) if named.replaces_job_id else named
+    job_id = uuid.uuid4()
+    with ctx.connection() as conn:
+        result = jobs.create_replacement(conn, job_id=job_id, tenant_id=tenant.id, original_job_id=original.id,
+                                         created_by=args.by, replacement_reason=args.reason,
+                                         overwrite_agreement_ref=args.overwrite_agreement)
+    if result is ReplacementResult.NOT_ALLOWED:
+        current = cli_lookup.job(tenant, original.id)
+        reason = f", {current.failure_reason}" if current.failure_reason else ""
+        raise refused(f"NotAllowed: original {original.id} is {current.status}{reason}; only an OutcomeUnknown "
+                      "original, or one that failed without finalizing a file, may be replaced",
+                      reply=result.value, original_job_id=str(original.id))
+    if result is ReplacementResult.SLOT_TAKEN:
+        raise refused(f"SlotTaken: original {original.id} already has a live or delivered replacement",
+                      reply=result.value, original_job_id=str(original.id))
+    emit(ctx, f"replacement {job_id} queued for original {original.id}",
+         {"job_id": str(job_id), "original_job_id": str(original.id), "result": result.value})
+    return EXIT_OK
+
+
+def reconcile(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.models()
+    tenant = cli_lookup.tenant(args.tenant)
+    cli_lookup.require_grant(args.by, tenant)
+    job = cli_lookup.job(tenant, args.job)
+    with ctx.connection() as conn:
+        written = recovery.reconcile(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
+                                     resolution=args.to, evidence=args.evidence, reconciled_by=args.by)
+    if not written:
+        current = cli_lookup.job(tenant, job.id)
+        raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; only an "
+                      "OutcomeUnknown attempt is reconciled, once", status=current.status)
+    emit(ctx, f"export {job.id} reconciled to {args.to.value}", {"job_id": str(job.id), "status": args.to.value})
+    return EXIT_OK
+
+
+def correct(ctx: Context, args: argparse.Namespace) -> int:
+    if args.to is Status.FAILED and args.failure_reason is None:
+        raise CliError(2, "--to Failed needs --failure-reason")
+    if args.to is not Status.FAILED and args.failure_reason is not None:
+        raise CliError(2, "--failure-reason goes only with --to Failed")
+    ctx.models()
+    tenant = cli_lookup.tenant(args.tenant)
+    cli_lookup.require_grant(args.by, tenant, reconciliation=True)
+    job = cli_lookup.job(tenant, args.job)
+    with ctx.connection(Role.RECONCILER) as conn:
+        written = recovery.correct(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
+                                   recorded_status=args.from_, corrected_status=args.to,
+                                   failure_reason=args.failure_reason, evidence_ref=args.evidence_ref, why=args.why,
+                                   corrected_by=args.by)
+    if not written:
+        current = cli_lookup.job(tenant, job.id)
+        raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; a correction "
+                      f"changes a recorded {args.from_.value} of that attempt once", status=current.status)
+    emit(ctx, f"export {job.id} corrected from {args.from_.value} to {args.to.value}",
+         {"job_id": str(job.id), "from": args.from_.value, "to": args.to.value})
+    return EXIT_OK
+
+
+def failure_code(value: str) -> FailureCode:
+    for code in FailureCode:
+        if value.lower() == code.value.lower():
+            return code
+    raise argparse.ArgumentTypeError(f"unknown failure reason; one of: {', '.join(c.value for c in FailureCode)}")
+
+
+failure_code.__name__ = "failure reason"

@@ -1,0 +1,95 @@
+"""Tenants, destinations, operator access and contacts: the rows an export needs before it exists.
+
+One function per named statement in ``sql/directory.sql``, the connection first, a typed answer.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterable
+from uuid import UUID
+
+import psycopg
+from psycopg import errors as pg
+
+from app.store.errors import StoreError
+from app.store.queries import QUERIES
+
+
+@dataclass(frozen=True)
+class NewDestination:
+    tenant_id: UUID
+    name: str
+    host: str
+    port: int
+    username: str
+    remote_dir: str
+    #: One known_hosts line, pinned.
+    host_key: str
+    #: ``env:NAME``, ``keyfile:/path`` or ``env-keyfile:NAME``: where the secret is, never the secret.
+    credential_ref: str
+    remote_hash: bool = False
+    acknowledgments: bool = False
+    name_and_size_identify: bool = False
+    read_back: bool = False
+
+
+@dataclass(frozen=True)
+class NewContact:
+    email: str
+    full_name: str
+    company: str | None
+    phone: str | None
+    consent: bool
+
+
+class AddResult(enum.Enum):
+    ADDED = "Added"
+    UNKNOWN_TENANT = "UnknownTenant"
+
+
+class GrantResult(enum.Enum):
+    GRANTED = "Granted"
+    ALREADY_GRANTED = "AlreadyGranted"   # the pair exists; nothing changed (its reconciliation flag included)
+    UNKNOWN_TENANT = "UnknownTenant"
+
+
+def add_tenant(conn: psycopg.Connection, *, tenant_id: UUID, name: str) -> None:
+    rows = conn.execute(QUERIES["tenant_add"], dict(tenant_id=tenant_id, name=name)).rowcount
+    if rows != 1:
+        raise StoreError(f"tenant_add wrote {rows} rows")
+
+
+def add_destination(conn: psycopg.Connection, *, destination_id: UUID, destination: NewDestination) -> AddResult:
+    params = dict(destination_id=destination_id, **destination.__dict__)
+    try:
+        rows = conn.execute(QUERIES["destination_add"], params).rowcount
+    except pg.ForeignKeyViolation:
+        return AddResult.UNKNOWN_TENANT
+    if rows != 1:
+        raise StoreError(f"destination_add wrote {rows} rows")
+    return AddResult.ADDED
+
+
+def grant_operator(conn: psycopg.Connection, *, operator_id: str, tenant_id: UUID, reconciliation: bool) -> GrantResult:
+    try:
+        rows = conn.execute(QUERIES["operator_grant"], dict(
+            operator_id=operator_id, tenant_id=tenant_id, reconciliation=reconciliation)).rowcount
+    except pg.ForeignKeyViolation:
+        return GrantResult.UNKNOWN_TENANT
+    return GrantResult.GRANTED if rows == 1 else GrantResult.ALREADY_GRANTED
+
+
+def copy_contacts(conn: psycopg.Connection, *, tenant_id: UUID, contacts: Iterable[NewContact]) -> int:
+    """Loads every contact or none (one transaction); returns how many were loaded. Raises
+    ``ForeignKeyViolation`` for an unknown tenant, with nothing loaded."""
+    count = 0
+    with conn.transaction():
+        with conn.cursor() as cur:
+            with cur.copy(QUERIES["contacts_copy"]) as copy:
+                for contact in contacts:
+                    copy.write_row((tenant_id, contact.email, contact.full_name, contact.company, contact.phone,
+                                    contact.consent))
+                    count += 1
+    return count

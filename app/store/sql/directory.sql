@@ -1,0 +1,29 @@
+-- What the operator scripts set up before any export exists: tenants, their partner destinations,
+-- who may act for them, and their contacts. None of these rows is part of the job protocol, but they
+-- are written here like every other statement, by name, with parameters.
+
+-- name: tenant_add
+INSERT INTO tenants (id, name) VALUES (%(tenant_id)s, %(name)s)
+RETURNING id;
+
+-- name: destination_add
+-- The destination holds a reference to its credential (env:NAME, keyfile:/path), never the secret.
+INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref,
+                          remote_hash, acknowledgments, name_and_size_identify, read_back)
+VALUES (%(destination_id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(remote_dir)s,
+        %(host_key)s, %(credential_ref)s, %(remote_hash)s, %(acknowledgments)s, %(name_and_size_identify)s,
+        %(read_back)s)
+RETURNING id;
+
+-- name: operator_grant
+-- A second grant of the same pair changes nothing: access is widened or narrowed by no statement here,
+-- so a grant that differs from the recorded one is reported, not applied.
+INSERT INTO operator_access (operator_id, tenant_id, reconciliation)
+VALUES (%(operator_id)s, %(tenant_id)s, %(reconciliation)s)
+ON CONFLICT ON CONSTRAINT pk_operator_access DO NOTHING
+RETURNING operator_id;
+
+-- name: contacts_copy
+-- Bulk load through COPY: thousands of rows in one round trip, inside the caller's transaction, so an
+-- import is all or nothing.
+COPY contacts (tenant_id, email, full_name, company, phone, consent) FROM STDIN;
