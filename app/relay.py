@@ -1,0 +1,220 @@
+"""The relay: publishes unpublished outbox rows to Dramatiq, as the dispatcher role.
+
+One pass is one short transaction: lock a batch of unpublished rows (``FOR UPDATE SKIP LOCKED``, so
+any number of relays can run at once and never publish one row twice in a pass), enqueue each as a
+message for the export actor whose Dramatiq ``message_id`` is the row's ``message_id``, mark the
+enqueued ones published, commit.
+
+The only way a message is published twice is a crash (or a lost commit) after ``broker.enqueue``
+returned and before the mark committed: the row is still unpublished, so the next pass enqueues it
+again with the same message id, and the worker's deduplication middleware absorbs the copy. A broker
+outage (``enqueue`` raises) leaves that row and every later one unpublished and unmarked for the next
+pass; nothing is lost and nothing is marked that the broker did not take.
+
+``run_forever`` waits on ``LISTEN exports_outbox`` (the outbox insert trigger notifies it) with a
+polling fallback, and drains in batches until a batch comes back short.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import dramatiq
+import psycopg
+
+from app.config import Settings
+from app.store import errors, outbox
+from app.store.database import Database, connect
+from app.store.outbox import OutboxMessage
+from app.store.types import Role
+
+if TYPE_CHECKING:
+    from dramatiq import Broker
+
+log = logging.getLogger(__name__)
+
+#: The Dramatiq queue and actor the relay publishes to; they must match ``app/actors/export.py``.
+EXPORT_QUEUE = "exports"
+EXPORT_ACTOR = "export_ready"
+#: The outbox kind the export actor handles; the only kind any statement writes.
+EXPORT_READY = "ExportReady"
+#: The channel the outbox insert trigger notifies.
+OUTBOX_CHANNEL = "exports_outbox"
+#: Longest single wait for a notification, in seconds, so a stop request is noticed promptly.
+STOP_CHECK_SECONDS = 0.5
+#: Seconds to wait after a pass or a listener failed (database unreachable) before trying again.
+FAILURE_BACKOFF_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class RelayPass:
+    """What one pass did: rows locked, rows enqueued and marked, and whether the broker refused one."""
+
+    claimed: int
+    published: int
+    broker_failed: bool
+
+    @property
+    def drained(self) -> bool:
+        """True when another pass right now would find nothing this one could have taken."""
+        return self.broker_failed or self.published < self.claimed or self.claimed == 0
+
+
+def message_for(row: OutboxMessage, *, queue_name: str = EXPORT_QUEUE) -> dramatiq.Message:
+    """The export actor's message for an outbox row. ``actor.send()`` would mint its own id; the
+    outbox id is the one the worker deduplicates on, so the message is built by hand."""
+    return dramatiq.Message(
+        queue_name=queue_name,
+        actor_name=EXPORT_ACTOR,
+        args=(str(row.job_id),),
+        kwargs={},
+        options={},
+        message_id=str(row.message_id),
+    )
+
+
+class Relay:
+    """Publishes the outbox. ``db`` must run as ``exports_dispatcher``: it may read the outbox and set
+    ``published_at``, nothing else."""
+
+    def __init__(self, settings: Settings, db: Database, broker: Broker, *, queue_name: str = EXPORT_QUEUE):
+        if db.role is not Role.DISPATCHER:
+            raise ValueError(f"the relay runs as {Role.DISPATCHER.value}, not {db.role.value}")
+        if settings.relay_batch_size < 1 or settings.relay_poll_seconds <= 0:
+            raise ValueError("relay_batch_size must be at least 1 and relay_poll_seconds positive")
+        self.settings = settings
+        self.db = db
+        self.broker = broker
+        self.queue_name = queue_name
+        #: Set once the listener is subscribed: a row inserted after this wakes the relay.
+        self.listening = threading.Event()
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """One batch in one transaction; returns how many messages were published and marked."""
+        return self._pass().published
+
+    def _pass(self) -> RelayPass:
+        with self.db.connection() as conn, conn.transaction():
+            rows = outbox.claim_batch(conn, batch_size=self.settings.relay_batch_size)
+            published, broker_failed = self._publish(rows)
+            if published:
+                marked = outbox.mark_published(conn, message_ids=published)
+                if marked != len(published):
+                    # Impossible while this transaction holds the rows' locks. Roll back: the rows
+                    # are republished with the same ids, which the worker deduplicates.
+                    raise errors.ChangedUnderLock(
+                        f"marked {marked} of {len(published)} outbox rows this relay holds locked")
+        return RelayPass(claimed=len(rows), published=len(published), broker_failed=broker_failed)
+
+    def _publish(self, rows: list[OutboxMessage]) -> tuple[list, bool]:
+        published = []
+        for row in rows:
+            if row.kind != EXPORT_READY:
+                # No actor takes it; leave it unpublished and visible rather than mark a lie.
+                log.error("relay.unknown_kind message_id=%s job_id=%s kind=%s", row.message_id, row.job_id,
+                          row.kind, extra={"message_id": str(row.message_id), "job_id": str(row.job_id)})
+                continue
+            try:
+                self.broker.enqueue(message_for(row, queue_name=self.queue_name))
+            except Exception as exc:
+                # The broker is down or refused: this row and the rest stay unpublished for the next
+                # pass. Only the error's class is logged; a broker error can carry its URL.
+                log.warning("relay.broker_unavailable message_id=%s job_id=%s error=%s published=%d",
+                            row.message_id, row.job_id, type(exc).__name__, len(published),
+                            extra={"message_id": str(row.message_id), "job_id": str(row.job_id),
+                                   "error": type(exc).__name__})
+                return published, True
+            published.append(row.message_id)
+        return published, False
+
+    def drain(self) -> int:
+        """Passes until a batch comes back short (or the broker refuses); returns messages published."""
+        total = 0
+        while True:
+            result = self._pass()
+            total += result.published
+            if result.drained:
+                break
+        if total:
+            log.info("relay.published count=%d", total, extra={"published": total})
+        return total
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        """Drain, then wait for a NOTIFY or the poll interval, until ``stop_event`` is set. A database
+        or broker failure is logged and retried; it never ends the loop."""
+        listener: psycopg.Connection | None = None
+        try:
+            while not stop_event.is_set():
+                if listener is None or listener.closed or listener.broken:
+                    listener = self._listen(listener)
+                # Subscribed before draining, so a row committed during the drain still wakes us.
+                try:
+                    self.drain()
+                except Exception as exc:
+                    log.warning("relay.pass_failed error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
+                    stop_event.wait(FAILURE_BACKOFF_SECONDS)
+                    continue
+                self._wait(listener, stop_event)
+        finally:
+            self.listening.clear()
+            if listener is not None:
+                listener.close()
+
+    def _listen(self, old: psycopg.Connection | None) -> psycopg.Connection | None:
+        if old is not None:
+            old.close()
+        self.listening.clear()
+        try:
+            conn = connect(self.db.url, Role.DISPATCHER, application_name="exports-relay-listen")
+            conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
+        except Exception as exc:
+            # Without a listener the poll interval still drains the outbox.
+            log.warning("relay.listen_failed error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
+            return None
+        self.listening.set()
+        return conn
+
+    def _wait(self, listener: psycopg.Connection | None, stop_event: threading.Event) -> None:
+        deadline = time.monotonic() + self.settings.relay_poll_seconds
+        while not stop_event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            timeout = min(remaining, STOP_CHECK_SECONDS)
+            if listener is None:
+                stop_event.wait(timeout)
+                continue
+            try:
+                if any(True for _ in listener.notifies(timeout=timeout, stop_after=1)):
+                    return
+            except psycopg.Error as exc:
+                log.warning("relay.listener_lost error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
+                return
+
+
+def run_forever(settings: Settings, stop_event: threading.Event) -> None:
+    """The ``exports relay`` process: a dispatcher-role pool, the configured broker, the loop."""
+    from app.actors.broker import build_broker
+
+    url = settings.database_url
+    if url is None:
+        from app import embedded
+
+        url = embedded.database_url(settings)
+    broker = build_broker(settings)
+    with Database(url, Role.DISPATCHER, min_size=1, max_size=2, name="exports-relay") as db:
+        log.info("relay.started batch_size=%d poll_seconds=%g", settings.relay_batch_size,
+                 settings.relay_poll_seconds)
+        try:
+            Relay(settings, db, broker).run_forever(stop_event)
+        finally:
+            broker.close()
+            log.info("relay.stopped")
