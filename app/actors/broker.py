@@ -63,7 +63,9 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
         broker = RedisBroker(url=url)
         broker.add_middleware(Deduplicate(RedisSeen(broker.client)))
     elif url.startswith(("amqp://", "amqps://")):
-        broker = RabbitmqBroker(url=url)
+        # Publisher confirms: enqueue returns only once RabbitMQ took the message, so the relay never
+        # marks an outbox row published for a message a dying connection dropped.
+        broker = RabbitmqBroker(url=url, confirm_delivery=True)
         broker.add_middleware(Deduplicate(LocalSeen()))
     else:
         raise ValueError("EXPORTS_BROKER_URL must start with redis:// or amqp://")
