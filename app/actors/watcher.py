@@ -82,6 +82,8 @@ class StopWatcher:
         #: How each confirmed stop was found, for tests and the latency bench.
         self.confirmed_by_notify = 0
         self.confirmed_by_poll = 0
+        #: Completed polls of every watched attempt; one after a registration means it was checked.
+        self.polls = 0
 
     # --- registration -----------------------------------------------------------------------------
 
@@ -136,14 +138,14 @@ class StopWatcher:
                         next_poll = 0.0
                         continue
                     fresh, self._unchecked = self._unchecked, set()
+                if notified:
+                    self._confirm(conn, notified, by_notify=True)
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_seconds
                     self._confirm(conn, None, by_notify=False)
-                else:
-                    if notified:
-                        self._confirm(conn, notified, by_notify=True)
-                    if fresh - notified:
-                        self._confirm(conn, fresh - notified, by_notify=False)
+                    self.polls += 1
+                elif fresh - notified:
+                    self._confirm(conn, fresh - notified, by_notify=False)
             except Exception as exc:
                 log.warning("watcher.connection_failed error=%s", type(exc).__name__)
                 if conn is not None:
