@@ -1,0 +1,204 @@
+"""The vocabulary of named statements: every statement is used, no name is defined twice, and no
+module under app/ hands execute() SQL built from values."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from app.store.queries import QUERIES, SQL_DIR, load, parse
+
+APP = Path(__file__).resolve().parents[2] / "app"
+_NAME_LINE = re.compile(r"^-- name: (\S+)", re.MULTILINE)
+_USE = re.compile(r"""QUERIES\[\s*["']([a-z_]+)["']\s*\]""")
+
+#: Calls whose first argument is SQL text.
+EXECUTORS = {"execute", "executemany", "execute_sql"}
+#: psycopg.sql composition: the way to put identifiers into SQL.
+SQL_CLASSES = {"SQL", "Identifier", "Literal", "Placeholder", "Composed"}
+#: (module, first argument) pairs that fit no rule below, each for a reason.
+EXCEPTIONS = {
+    # `exports db migrate` applies the repository's schema file as one script.
+    ("store/migrate.py", "schema_path.read_text(encoding='utf-8')"),
+}
+
+
+def _sources() -> dict[str, str]:
+    return {str(path.relative_to(APP)): path.read_text(encoding="utf-8") for path in sorted(APP.rglob("*.py"))}
+
+
+# --- the checker -----------------------------------------------------------------------------------
+
+
+def _is_literal(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _is_named_statement(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "QUERIES"
+            and _is_literal(node.slice))
+
+
+def _is_sql_composition(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return False
+    func = node.func
+    if isinstance(func.value, ast.Name) and func.value.id == "sql" and func.attr in SQL_CLASSES:
+        # sql.SQL(f"...") would smuggle values in as SQL text.
+        return func.attr != "SQL" or (bool(node.args) and _is_literal(node.args[0]))
+    return func.attr in {"format", "join"} and _is_sql_composition(func.value)
+
+
+def _is_compiled_query(node: ast.AST) -> bool:
+    """``query.sql()``: peewee's compiler, which keeps every value a parameter."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sql"
+            and not node.args and not node.keywords)
+
+
+def _assigned_values(scope: ast.AST, name: str, *, top_level_only: bool = False) -> list[ast.AST]:
+    """The values assigned to ``name`` in ``scope``; a tuple target yields the whole right side."""
+    nodes = scope.body if top_level_only else list(ast.walk(scope))
+    values: list[ast.AST] = []
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            names = target.elts if isinstance(target, ast.Tuple) else [target]
+            if any(isinstance(n, ast.Name) and n.id == name for n in names):
+                values.append(node.value)
+    return values
+
+
+def _constant(node: ast.AST, module: ast.Module, seen: frozenset[str] = frozenset()) -> bool:
+    """Text fixed when the module was written: literals, module constants, f-strings and sums of them."""
+    if _is_literal(node):
+        return True
+    if isinstance(node, ast.Name) and node.id not in seen:
+        values = _assigned_values(module, node.id, top_level_only=True)
+        return bool(values) and all(_constant(v, module, seen | {node.id}) for v in values)
+    if isinstance(node, ast.JoinedStr):
+        return all(_is_literal(v) or (isinstance(v, ast.FormattedValue) and _constant(v.value, module, seen))
+                   for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _constant(node.left, module, seen) and _constant(node.right, module, seen)
+    return False
+
+
+def _allowed(node: ast.AST, scope: ast.AST, module: ast.Module, seen: frozenset[str] = frozenset()) -> bool:
+    if _is_named_statement(node) or _is_sql_composition(node) or _is_compiled_query(node):
+        return True
+    if _constant(node, module):
+        return True
+    if isinstance(node, ast.Name) and node.id not in seen and scope is not module:
+        # A local variable is as safe as every value assigned to it in the same function.
+        values = _assigned_values(scope, node.id)
+        return bool(values) and all(_allowed(v, scope, module, seen | {node.id}) for v in values)
+    return False
+
+
+def unsafe_executions(module: str, source: str) -> list[str]:
+    """The execute() calls in ``source`` whose SQL is not a named statement, text fixed in the module,
+    a psycopg.sql composition or a compiled peewee query, as ``module:line: argument``."""
+    tree = ast.parse(source)
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in EXECUTORS and node.args):
+            continue
+        # The innermost enclosing function: the last, in walk order, that contains the call.
+        scope = next((f for f in reversed(functions) if any(n is node for n in ast.walk(f))), tree)
+        argument = node.args[0]
+        if not _allowed(argument, scope, tree) and (module, ast.unparse(argument)) not in EXCEPTIONS:
+            found.append(f"{module}:{node.lineno}: {ast.unparse(argument)}")
+    return found
+
+
+# --- the tests -------------------------------------------------------------------------------------
+
+
+def test_every_named_statement_is_used_by_some_module_under_app():
+    used = {name for source in _sources().values() for name in _USE.findall(source)}
+
+    assert sorted(set(QUERIES) - used) == []
+
+
+def test_every_statement_named_in_app_exists():
+    named = {name for source in _sources().values() for name in _USE.findall(source)}
+
+    assert sorted(named - set(QUERIES)) == []
+
+
+def test_no_statement_name_is_defined_twice_across_the_sql_files():
+    names = [name for path in sorted(SQL_DIR.glob("*.sql")) for name in _NAME_LINE.findall(path.read_text())]
+
+    assert len(names) == len(set(names)) == len(QUERIES)
+
+
+def test_the_parser_refuses_a_name_defined_twice_in_one_file():
+    text = "-- name: a\nSELECT 1;\n-- name: b\nSELECT 2;\n-- name: a\nSELECT 3;\n"
+
+    with pytest.raises(ValueError, match="'a' is defined twice"):
+        parse(text, origin="twice.sql")
+
+
+def test_the_loader_refuses_a_name_defined_in_two_files(tmp_path):
+    (tmp_path / "one.sql").write_text("-- name: same\nSELECT 1;\n")
+    (tmp_path / "two.sql").write_text("-- name: same\nSELECT 2;\n")
+
+    with pytest.raises(ValueError, match="'same' is defined in another file too"):
+        load(tmp_path)
+
+
+def test_the_parser_keeps_each_statement_under_its_name():
+    text = "-- preamble\n-- name: first\n-- why\nSELECT 1;\n\n-- name: second\nSELECT %(x)s;\n"
+
+    assert parse(text) == {"first": "-- why\nSELECT 1;", "second": "SELECT %(x)s;"}
+
+
+def test_no_module_under_app_builds_sql_from_values_for_execute():
+    found = [hit for module, source in _sources().items() for hit in unsafe_executions(module, source)]
+
+    assert found == []
+
+
+UNSAFE = [
+    'conn.execute(f"SELECT * FROM jobs WHERE id = {job_id}")',
+    'conn.execute("SELECT * FROM jobs WHERE id = " + str(job_id))',
+    'conn.execute("SELECT * FROM jobs WHERE id = %s" % job_id)',
+    'conn.execute("SELECT * FROM {}".format(table))',
+    'conn.execute(QUERIES["x"] + " LIMIT 1")',
+    'conn.execute(sql.SQL(f"SET ROLE {role}"))',
+    'def f(conn, column):\n    query = "SELECT " + column\n    conn.execute(query)',
+    'cursor.executemany(" ".join(parts), rows)',
+    'def f(conn, channel):\n    conn.execute(f"LISTEN {channel}")',
+    'CHANNEL = input()\ndef f(conn):\n    conn.execute(f"LISTEN {CHANNEL}")',
+]
+
+SAFE = [
+    'conn.execute(QUERIES["export_claim"], params)',
+    "conn.execute(\"SELECT set_config('lock_timeout', %s, true)\", (timeout,))",
+    'conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role.value)))',
+    'def f(conn):\n    query = QUERIES["export_claim"]\n    conn.execute(query, {})',
+    'READ = "SELECT 1"\ndef f(conn):\n    conn.execute(READ)',
+    'CHANNEL = "exports_stop"\ndef f(conn):\n    conn.execute(f"LISTEN {CHANNEL}")',
+    'def f(conn, query):\n    text, params = query.sql()\n    conn.execute(text, params)',
+    'Job.select().execute()',
+]
+
+
+@pytest.mark.parametrize("snippet", UNSAFE)
+def test_the_checker_flags_sql_built_from_values(snippet):
+    assert unsafe_executions("snippet.py", snippet)
+
+
+@pytest.mark.parametrize("snippet", SAFE)
+def test_the_checker_accepts_named_statements_fixed_text_and_sql_composition(snippet):
+    assert unsafe_executions("snippet.py", snippet) == []
