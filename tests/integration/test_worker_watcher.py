@@ -1,0 +1,78 @@
+"""The stop watcher: a notification is only a hint confirmed against the row, and polling finds a
+stop request whose notification never came."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from app.actors.stop import StopReason, StopSignal
+from app.actors.watcher import StopWatcher
+from app.store import cancellation
+from tests.fixtures.worker import wait_for
+
+
+@pytest.fixture
+def watcher_factory(db_url):
+    made = []
+
+    def make(**kwargs) -> StopWatcher:
+        made.append(StopWatcher(db_url, **kwargs))
+        return made[-1]
+
+    yield make
+    for watcher in made:
+        watcher.close()
+
+
+def _stop(conn, job):
+    return cancellation.request_cancellation(conn, tenant_id=job.tenant_id, job_id=job.id, request_id=uuid.uuid4(),
+                                             requested_by="ops-alice")
+
+
+def test_polling_finds_a_stop_request_whose_notification_was_missed(seed, admin, watcher_factory):
+    job, other = seed.running(), seed.running()
+    watcher = watcher_factory(poll_seconds=0.2)
+    stop, other_stop = StopSignal(), StopSignal()
+    watcher.watch(job.id, job.attempt_id, stop)
+    watcher.watch(other.id, other.attempt_id, other_stop)
+    wait_for(lambda: watcher.polls >= 1, "the first check")
+
+    # Recorded with triggers off for this transaction: no notification is ever sent.
+    with admin.transaction():
+        admin.execute("SET LOCAL session_replication_role = replica")
+        admin.execute("UPDATE export_jobs SET stop_request_id = %s WHERE id = %s", (uuid.uuid4(), job.id))
+
+    assert stop.wait(10)
+    assert stop.reason is StopReason.STOP_REQUESTED
+    assert (watcher.confirmed_by_poll, watcher.confirmed_by_notify) == (1, 0)
+    assert not other_stop.is_set()
+
+
+def test_a_notification_the_row_does_not_confirm_sets_no_stop(seed, conn, watcher_factory):
+    unstopped, stale, stopped = seed.running(), seed.running(), seed.running()
+    watcher = watcher_factory(poll_seconds=60)
+    signals = {job.id: StopSignal() for job in (unstopped, stale, stopped)}
+    watcher.watch(unstopped.id, unstopped.attempt_id, signals[unstopped.id])
+    watcher.watch(stale.id, uuid.uuid4(), signals[stale.id])   # an attempt that no longer owns the job
+    watcher.watch(stopped.id, stopped.attempt_id, signals[stopped.id])
+    wait_for(lambda: watcher.polls >= 1, "the first check")
+
+    conn.execute("SELECT pg_notify('exports_stop', %s)", (str(unstopped.id),))   # a hint with no request behind it
+    _stop(conn, stale)
+    _stop(conn, stopped)   # notified last: once it is confirmed, the earlier two were handled
+
+    assert signals[stopped.id].wait(10)
+    assert watcher.confirmed_by_notify == 1
+    assert not signals[unstopped.id].is_set() and not signals[stale.id].is_set()
+
+
+def test_a_stop_request_recorded_before_the_watch_began_is_found_at_once(seed, conn, watcher_factory):
+    job = seed.running()
+    _stop(conn, job)   # its notification went to nobody
+    watcher = watcher_factory(poll_seconds=60)
+    stop = StopSignal()
+    watcher.watch(job.id, job.attempt_id, stop)
+
+    assert stop.wait(10) and stop.reason is StopReason.STOP_REQUESTED
