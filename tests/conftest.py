@@ -37,13 +37,20 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if url:
         yield url
         return
+    import shutil
+    import tempfile
+
     import pgserver
 
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    # Not under pytest's basetemp: pytest prunes old basetemp folders, and a concurrent run pruning
+    # ours would pull the data directory from under a live server.
+    pgdata = Path(tempfile.mkdtemp(prefix="exports-test-pg-"))
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
     try:
         yield server.get_uri()
     finally:
         server.cleanup()
+        shutil.rmtree(pgdata, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
