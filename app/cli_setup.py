@@ -8,15 +8,16 @@ import hashlib
 import re
 import uuid
 from pathlib import Path
-
-import paramiko
-from paramiko.hostkeys import HostKeyEntry
+from typing import TYPE_CHECKING
 
 from app import cli_contacts, cli_lookup
 from app.cli_common import EXIT_OK, Context, bad_input, not_found, printable, refused
 from app.cli_output import emit
 from app.store import directory
 from app.store.migrate import migrate
+
+if TYPE_CHECKING:
+    import paramiko
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
 FETCH_HOST_KEY_TIMEOUT = 10.0
@@ -41,13 +42,15 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def fingerprint(key: paramiko.PKey) -> str:
+def fingerprint(key: "paramiko.PKey") -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def parse_host_key(line: str, host: str, port: int) -> tuple[str, paramiko.PKey]:
+def parse_host_key(line: str, host: str, port: int) -> tuple[str, "paramiko.PKey"]:
     """Validates one known_hosts line for this host and port; returns it normalized with its key."""
+    from paramiko.hostkeys import HostKeyEntry
+
     try:
         entry = HostKeyEntry.from_line(line)
     except Exception:
@@ -60,8 +63,10 @@ def parse_host_key(line: str, host: str, port: int) -> tuple[str, paramiko.PKey]
     return f"{expected} {entry.key.get_name()} {entry.key.get_base64()}", entry.key
 
 
-def fetch_host_key(host: str, port: int) -> paramiko.PKey:
+def fetch_host_key(host: str, port: int) -> "paramiko.PKey":
     """The key the server presents now. Trust on first use, which is why it needs --yes."""
+    import paramiko
+
     try:
         transport = paramiko.Transport((host, port))
     except OSError as exc:
