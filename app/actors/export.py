@@ -97,9 +97,9 @@ def database_url(settings: Settings) -> str:
     one server per data directory between processes)."""
     if settings.database_url:
         return settings.database_url
-    import pgserver
+    from app import embedded
 
-    return pgserver.get_server(settings.state_dir / "pgdata", cleanup_mode=None).get_uri()
+    return embedded.database_url(settings)
 
 
 def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner, Callable[[], None]]:
