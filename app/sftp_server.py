@@ -445,6 +445,8 @@ class EmbeddedSftpServer:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((LOOPBACK, self.port))
         listener.listen(16)
+        # A timeout rather than relying on close() to wake a blocked accept(), which Linux does not do.
+        listener.settimeout(0.2)
         self._listener = listener
         self.port = listener.getsockname()[1]
         name = f"[{LOOPBACK}]:{self.port}"
@@ -490,8 +492,6 @@ class EmbeddedSftpServer:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
-        # A timeout rather than relying on close() to wake a blocked accept(), which Linux does not do.
-        self._listener.settimeout(0.2)
         while not self._stopping.is_set():
             try:
                 conn, _ = self._listener.accept()

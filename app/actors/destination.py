@@ -173,6 +173,7 @@ class DestinationConfig:
                 raise ValueError(f"{name} must be positive: an unbounded wait can hang a worker")
         if self.ack_wait < 0:
             raise ValueError("ack_wait must not be negative")
+        _pinned_key(self)
 
     def __repr__(self) -> str:
         # The reference is not a secret, but a repr travels into logs and tracebacks: show its kind only.
