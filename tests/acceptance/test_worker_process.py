@@ -1,0 +1,115 @@
+"""A real worker process: `dramatiq app.actors` on real Redis (EXPORTS_TEST_BROKER_URL, or the
+embedded Redis the worker starts itself) delivers a job created through the store exactly once, even
+when its wake-up is published twice (the copy is skipped by its message id)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from app import relay
+from app.actors.broker import build_broker
+from app.actors.dedup import KEY_PREFIX
+from app.config import Settings
+from app.store import jobs
+from app.store.outbox import OutboxMessage
+from tests.fixtures.worker import insert_contacts, insert_destination
+
+ROOT = Path(__file__).resolve().parents[2]
+#: How long the worker gets to deliver, in seconds: process start-up included.
+DEADLINE_SECONDS = 60.0
+
+
+@pytest.fixture
+def broker_url() -> str | None:
+    return os.environ.get("EXPORTS_TEST_BROKER_URL") or None
+
+
+@pytest.fixture
+def state_dir(tmp_path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def broker(broker_url, state_dir) -> Iterator:
+    # With no URL this joins (or starts) the same embedded Redis the worker uses: one per state dir.
+    broker = build_broker(Settings(broker_url=broker_url, state_dir=state_dir))
+    yield broker
+    if broker_url is None:
+        broker.client.shutdown(nosave=True)   # the embedded server outlives neither side
+    broker.close()
+
+
+def _start_worker(db_url: str, broker_url: str | None, state_dir: Path, environ: dict[str, str],
+                  log_path: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPORTS_")}
+    env.update(environ)
+    env.update(EXPORTS_DATABASE_URL=db_url, EXPORTS_STATE_DIR=str(state_dir), EXPORTS_LEASE_SECONDS="10",
+               EXPORTS_RENEW_SECONDS="2", EXPORTS_STOP_POLL_SECONDS="1")
+    if broker_url:
+        env["EXPORTS_BROKER_URL"] = broker_url
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dramatiq", "app.actors", "--processes", "1", "--threads", "1"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _handled(log_path: Path) -> int:
+    text = log_path.read_text(errors="replace")
+    return text.count("export.processed") + text.count("dedup.skipped")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_a_worker_process_delivers_a_job_exactly_once_even_when_its_wake_up_arrives_twice(
+        seed, conn, admin, db_url, embedded_sftp, broker, broker_url, state_dir, tmp_path):
+    tenant_id = seed.tenant()
+    destination_id = insert_destination(conn, tenant_id, embedded_sftp.config)
+    insert_contacts(conn, tenant_id, 40, consent=True)
+    job = seed.queued(tenant_id, destination_id)
+    untouched = seed.queued(tenant_id, destination_id)   # never woken: must stay Queued
+    [row] = seed.outbox(job)
+    message = relay.message_for(OutboxMessage(row["message_id"], row["kind"], row["job_id"], row["created_at"]))
+
+    log_path = tmp_path / "worker.log"
+    worker = _start_worker(db_url, broker_url, state_dir, embedded_sftp.environ, log_path)
+    try:
+        broker.enqueue(message)
+        broker.enqueue(message)   # the relay published the same outbox row twice
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while seed.status(job).value in ("Queued", "Running", "Delivering"):
+            assert worker.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
+            time.sleep(0.1)   # polling the row with a deadline
+        # One thread, so the copy comes after the first returned: skipped by its message id.
+        while _handled(log_path) < 2:
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
+            time.sleep(0.1)
+    finally:
+        _stop(worker)
+
+    row = seed.row(job)
+    assert (row["status"], row["attempt_count"]) == ("Completed", 1), log_path.read_text(errors="replace")[-3000:]
+    kinds = seed.event_kinds(job)
+    assert kinds.count("Claimed") == 1 and kinds.count("Finished") == 1
+    assert list(embedded_sftp.files()) == [jobs.final_name(job.delivery_key)]
+    assert seed.status(untouched).value == "Queued"
+    assert broker.client.exists(KEY_PREFIX + message.message_id)
+    text = log_path.read_text(errors="replace")
+    assert (text.count("export.processed"), text.count("dedup.skipped")) == (1, 1)
+    assert worker.returncode is not None
