@@ -3,10 +3,16 @@ fails its claim and builds nothing, and the edit's own wake-up brings the job ba
 
 from __future__ import annotations
 
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import pytest
 
 from app.store import jobs
-from app.store.types import ClaimResult, EditResult, Status
+from app.store.queries import QUERIES
+from app.store.types import ClaimResult, EditResult, Role, Status
 
 
 def edit(conn, job, destination_id, expected_version=1, tenant_id=None):
@@ -129,3 +135,61 @@ def test_a_rejection_of_the_version_checked_before_an_edit_matches_nothing(conn,
     # The edited terms are what the next evaluation rejects, if it does.
     assert jobs.reject(conn, job_id=job.id, checked_version=2) is True
     assert seed.status(job) is Status.REJECTED
+
+
+# --- an edit and a claim racing for the row -------------------------------------------------------
+
+
+@pytest.fixture
+def threads() -> Iterator[ThreadPoolExecutor]:
+    executor = ThreadPoolExecutor(max_workers=1)
+    yield executor
+    # A failed test may leave a thread waiting on a lock; closing the connections releases it.
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def wait_until_blocked(admin, pid: int, by: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if by in admin.execute("SELECT pg_blocking_pids(%s) AS pids", (pid,)).fetchone()["pids"]:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited on backend {by}")
+
+
+def test_a_claim_waiting_on_an_uncommitted_edit_is_refused_once_the_edit_commits(connect_as, admin, seed, threads):
+    job = seed.queued()
+    editor = connect_as(Role.APP, autocommit=False)
+    assert editor.execute(QUERIES["export_edit_terms"], dict(
+        tenant_id=job.tenant_id, job_id=job.id, expected_version=1,
+        destination_id=seed.destination(job.tenant_id))).fetchone()["version"] == 2
+    worker = connect_as(Role.APP)
+
+    claim = threads.submit(jobs.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(),
+                           worker_id="w1", lease_seconds=60)
+    wait_until_blocked(admin, worker.info.backend_pid, by=editor.info.backend_pid)
+    editor.commit()
+
+    assert claim.result(timeout=10) == 0
+    row = seed.row(job)
+    assert row["status"] == "Queued" and row["version"] == 2 and row["attempt_count"] == 0
+    assert seed.events(job) == []
+
+
+def test_an_edit_waiting_on_an_uncommitted_claim_changes_nothing_once_the_claim_commits(
+        connect_as, admin, seed, threads):
+    job = seed.queued()
+    worker = connect_as(Role.APP, autocommit=False)
+    assert jobs.try_claim(worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(), worker_id="w1",
+                          lease_seconds=60) == 1
+    operator = connect_as(Role.APP)
+    outbox_before = seed.outbox(job)
+
+    edit_result = threads.submit(edit, operator, job, seed.destination(job.tenant_id))
+    wait_until_blocked(admin, operator.info.backend_pid, by=worker.info.backend_pid)
+    worker.commit()
+
+    assert edit_result.result(timeout=10).result is EditResult.NOT_CHANGED
+    row = seed.row(job)
+    assert row["status"] == "Running" and row["version"] == 1 and row["destination_id"] == job.destination_id
+    assert seed.outbox(job) == outbox_before
