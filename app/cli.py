@@ -228,6 +228,7 @@ def build_parser() -> Parser:
                             description="Start the embedded services, relay, two workers and the scheduler, play a "
                                         "scenario, print the outcome and stop everything (--keep leaves it running).")
     p.add_argument("--keep", action="store_true", help="leave everything running and print the environment")
+    p.add_argument("--stop", action="store_true", help="stop what a demo started with --keep left running")
     p.set_defaults(handler=cli_processes.demo)
     return parser
 

