@@ -217,6 +217,32 @@ def test_a_request_id_reused_for_another_job_is_refused_and_changes_nothing(conn
     assert [r["job_id"] for r in records(admin)] == [first_job.id]
 
 
+def test_one_request_id_submitted_for_two_jobs_at_once_is_recorded_once_and_refused_for_the_other(
+        connect_as, admin, seed, threads):
+    first_job = seed.queued()
+    second_job = seed.queued(first_job.tenant_id, first_job.destination_id)
+    request_id = uuid.uuid4()
+    # The first submission, by hand, up to its insert: it holds the request id's key, uncommitted.
+    first = connect_as(Role.APP, autocommit=False)
+    keys = dict(job_id=first_job.id, tenant_id=first_job.tenant_id, request_id=request_id)
+    found = first.execute(QUERIES["cancellation_lock_job"], keys).fetchone()
+    assert first.execute(QUERIES["cancellation_find_request"], keys).fetchone() is None
+    assert first.execute(QUERIES["cancellation_cancel_queued"], keys).rowcount == 1
+    first.execute(QUERIES["cancellation_record"], dict(
+        keys, requested_by="op-1", reason=None, outcome="CanceledWhileQueued", found_status="Queued",
+        found_attempt_id=None, found_attempt_count=found["attempt_count"], found_delivery_authorized_at=None))
+    second = connect_as(Role.APP)
+
+    # The second locks another job, finds no committed request, and waits on the unique key.
+    answer = threads.submit(cancel, second, second_job, request_id, lock_timeout=PATIENT)
+    wait_until_blocked(admin, second.info.backend_pid, by=first.info.backend_pid)
+    first.commit()
+
+    assert answer.result(timeout=10).reply is CancellationReply.REQUEST_ID_REUSED
+    assert seed.status(second_job) is Status.QUEUED   # its cancellation rolled back with the insert
+    assert [(r["id"], r["job_id"]) for r in records(admin)] == [(request_id, first_job.id)]
+
+
 def test_a_request_id_reused_by_another_operator_is_refused(conn, admin, seed):
     job = seed.running()
     request_id = uuid.uuid4()
