@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from uuid import UUID
 
 import dramatiq
 import psycopg
@@ -112,8 +113,8 @@ class Relay:
                         f"marked {marked} of {len(published)} outbox rows this relay holds locked")
         return RelayPass(claimed=len(rows), published=len(published), broker_failed=broker_failed)
 
-    def _publish(self, rows: list[OutboxMessage]) -> tuple[list, bool]:
-        published = []
+    def _publish(self, rows: list[OutboxMessage]) -> tuple[list[UUID], bool]:
+        published: list[UUID] = []
         for row in rows:
             if row.kind != EXPORT_READY:
                 # No actor takes it; leave it unpublished and visible rather than mark a lie.

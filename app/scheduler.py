@@ -13,6 +13,7 @@ otherwise. Never Failed from an absent file: a paused worker can outlast any tim
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -289,7 +290,7 @@ class RecoveryCounts:
         return self.stopped + self.requeued + self.exhausted + self.completed + self.outcome_unknown
 
     def as_fields(self) -> dict[str, int]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dataclasses.asdict(self)
 
 
 _COUNT_FIELD = {Takeover.STOP: "stopped", Takeover.REQUEUE: "requeued", Takeover.EXHAUST: "exhausted",
@@ -317,24 +318,17 @@ class Recovery:
     def run_once(self) -> RecoveryCounts:
         run_id = str(uuid.uuid4())
         counts: dict[str, int] = dict(RecoveryCounts().as_fields())
-        with self.db.connection() as conn:
-            candidates = recovery.scan_expired(conn, batch_size=self.config.batch_size)
-        counts["scanned"] = len(candidates)
-        for job in candidates:
-            try:
-                takeover, written = self._take_over(job, run_id)
-            except Exception as exc:
-                # The write may have committed without an answer; the next run's scan tells.
-                counts["errors"] += 1
-                log.warning("recovery.takeover_failed job_id=%s attempt_id=%s run_id=%s error=%s",
-                            job.job_id, job.attempt_id, run_id, type(exc).__name__,
-                            extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
-                continue
-            counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
-            log.info("recovery.%s job_id=%s attempt_id=%s run_id=%s", takeover.value if written else "not_matched",
-                     job.job_id, job.attempt_id, run_id,
-                     extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id),
-                            "tenant_id": str(job.tenant_id), "takeover": takeover.value, "written": written})
+        while True:
+            with self.db.connection() as conn:
+                candidates = recovery.scan_expired(conn, batch_size=self.config.batch_size)
+            counts["scanned"] += len(candidates)
+            progressed = False
+            for job in candidates:
+                progressed |= self._take_over_logged(job, run_id, counts)
+            # A full batch may hide more expired attempts; rescan while this batch moved some
+            # (a row whose takeover failed would otherwise be nominated again for ever).
+            if len(candidates) < self.config.batch_size or not progressed:
+                break
         counts["reconciled"], reconcile_errors = self._reconcile(run_id)
         counts["errors"] += reconcile_errors
         result = RecoveryCounts(**counts)
@@ -342,6 +336,25 @@ class Recovery:
             log.info("recovery.run run_id=%s %s", run_id, " ".join(f"{k}={v}" for k, v in counts.items() if v),
                      extra={"run_id": run_id, **counts})
         return result
+
+    def _take_over_logged(self, job: ExpiredAttempt, run_id: str, counts: dict[str, int]) -> bool:
+        """Counts and logs one takeover; True when it left the expired set (written or not matched)."""
+        fields = {"job_id": str(job.job_id), "attempt_id": str(job.attempt_id), "tenant_id": str(job.tenant_id),
+                  "run_id": run_id}
+        try:
+            takeover, written = self._take_over(job, run_id)
+        except Exception as exc:
+            # The write may have committed without an answer; the next run's scan tells.
+            counts["errors"] += 1
+            log.warning("recovery.takeover_failed job_id=%s attempt_id=%s run_id=%s error=%s",
+                        job.job_id, job.attempt_id, run_id, type(exc).__name__,
+                        extra={**fields, "error": type(exc).__name__})
+            return False
+        counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
+        event = takeover.value if written else "not_matched"
+        log.info("recovery.%s job_id=%s attempt_id=%s run_id=%s", event, job.job_id, job.attempt_id, run_id,
+                 extra={**fields, "takeover": takeover.value, "written": written})
+        return True
 
     def _take_over(self, job: ExpiredAttempt, run_id: str) -> tuple[Takeover, bool]:
         common = dict(job_id=job.job_id, expired_attempt_id=job.attempt_id, recovery_run_id=run_id)
@@ -588,7 +601,7 @@ class Scavenger:
         counts = ScavengeCounts(examined=len(files), deleted=deleted, kept=kept, failed=failed)
         if deleted or failed:
             log.info("scavenger.run examined=%d deleted=%d kept=%d failed=%d", counts.examined, deleted, kept,
-                     failed, extra=dict(counts.__dict__))
+                     failed, extra=dataclasses.asdict(counts))
         return counts
 
     def _export_files(self) -> list[_ExportFile]:

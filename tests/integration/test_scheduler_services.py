@@ -192,7 +192,19 @@ def test_recovery_with_nothing_expired_writes_and_logs_nothing(app_db, seed, tmp
         assert recovery_for(app_db, tmp_path).run_once() == RecoveryCounts()
 
     assert seed.row(control) == before
-    assert caplog.records == []
+    assert [r for r in caplog.records if r.name.startswith("app.")] == []
+
+
+def test_recovery_rescans_while_full_batches_keep_being_taken_over(app_db, seed, tmp_path):
+    expired = [seed.running() for _ in range(5)]
+    for job in expired:
+        seed.expire_lease(job)
+    service = Recovery(app_db, settings_for(tmp_path), FakeDestination(),
+                       config=RecoveryConfig(max_attempts=MAX_ATTEMPTS, batch_size=2))
+
+    assert service.run_once() == RecoveryCounts(scanned=5, requeued=5)
+
+    assert {seed.status(job) for job in expired} == {Status.QUEUED}
 
 
 # -- recovery: expired Delivering attempts ------------------------------------------------------------
