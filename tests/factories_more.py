@@ -10,10 +10,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable, Generic, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Generic, Iterator, TypeVar
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
 
 from app.store import cancellation, jobs, recovery
 from app.store.types import CancellationOutcome, FailureCode, ReplacementResult, Status
@@ -183,3 +187,21 @@ def job_ids_with_key(admin: psycopg.Connection, tenant_id: UUID, delivery_key: s
     rows = admin.execute("SELECT id FROM export_jobs WHERE tenant_id = %s AND delivery_key = %s ORDER BY id",
                          (tenant_id, delivery_key)).fetchall()
     return [r["id"] for r in rows]
+
+
+# --- a database shared by a module's read-only catalog checks ------------------------------------------
+
+
+@contextmanager
+def catalog_database(pg_server_url: str, template_db: str) -> Iterator[psycopg.Connection]:
+    """An owner connection (dict rows) to one fresh copy of the migrated template, for tests that only
+    read the catalog (grants, constraints, columns) and so need no copy of their own."""
+    name = f"exports_c_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as server:
+        server.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
+    try:
+        with psycopg.connect(make_conninfo(pg_server_url, dbname=name), autocommit=True, row_factory=dict_row) as conn:
+            yield conn
+    finally:
+        with psycopg.connect(pg_server_url, autocommit=True) as server:
+            server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

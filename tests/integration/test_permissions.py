@@ -10,6 +10,7 @@ from psycopg import errors as pg
 
 from app.store import cancellation, outbox
 from app.store.types import Role
+from tests.factories_more import catalog_database
 
 HISTORY = ["export_attempt_events", "cancellation_requests", "deliveries"]
 #: A harmless change per table, for the statements that must be refused.
@@ -19,6 +20,13 @@ CHANGE = {
     "deliveries": "delivery_key = delivery_key || '-rewritten'",
     "outbox": "published_at = clock_timestamp()",
 }
+
+
+@pytest.fixture(scope="module")
+def catalog(pg_server_url, template_db):
+    """The grants never change under a test, so the catalog checks share one database."""
+    with catalog_database(pg_server_url, template_db) as conn:
+        yield conn
 
 
 @pytest.fixture
@@ -55,11 +63,11 @@ def _columns(admin, table: str) -> list[str]:
 
 @pytest.mark.parametrize("table", HISTORY)
 @pytest.mark.parametrize("privilege", ["UPDATE", "DELETE", "TRUNCATE"])
-def test_the_application_role_holds_no_privilege_to_change_history(admin, table, privilege):
-    assert not _privilege(admin, Role.APP, table, privilege)
+def test_the_application_role_holds_no_privilege_to_change_history(catalog, table, privilege):
+    assert not _privilege(catalog, Role.APP, table, privilege)
     # Column grants would not show in has_table_privilege.
     if privilege == "UPDATE":
-        assert not _any_column_privilege(admin, Role.APP, table, privilege)
+        assert not _any_column_privilege(catalog, Role.APP, table, privilege)
 
 
 @pytest.mark.parametrize("table", HISTORY)
@@ -74,26 +82,26 @@ def test_the_application_role_is_refused_when_it_tries_to_change_history(history
     assert _snapshot(admin, table) == before
 
 
-def test_the_application_role_is_not_a_reconciliation_operator(admin):
+def test_the_application_role_is_not_a_reconciliation_operator(catalog):
     for privilege in ("MEMBER", "USAGE"):
-        assert not admin.execute("SELECT pg_has_role('exports_app', 'exports_reconciler', %s) AS ok",
+        assert not catalog.execute("SELECT pg_has_role('exports_app', 'exports_reconciler', %s) AS ok",
                                  (privilege,)).fetchone()["ok"]
 
 
-def test_the_dispatcher_is_not_a_reconciliation_operator_or_an_application(admin):
+def test_the_dispatcher_is_not_a_reconciliation_operator_or_an_application(catalog):
     for role in ("exports_reconciler", "exports_app"):
-        assert not admin.execute("SELECT pg_has_role('exports_dispatcher', %s, 'MEMBER') AS ok",
+        assert not catalog.execute("SELECT pg_has_role('exports_dispatcher', %s, 'MEMBER') AS ok",
                                  (role,)).fetchone()["ok"]
 
 
 # --- the dispatcher --------------------------------------------------------------------------------
 
 
-def test_the_dispatcher_may_update_only_published_at_in_the_outbox(admin):
-    columns = _columns(admin, "outbox")
+def test_the_dispatcher_may_update_only_published_at_in_the_outbox(catalog):
+    columns = _columns(catalog, "outbox")
     assert "published_at" in columns
 
-    updatable = [c for c in columns if admin.execute(
+    updatable = [c for c in columns if catalog.execute(
         "SELECT has_column_privilege('exports_dispatcher', 'outbox', %s, 'UPDATE') AS ok", (c,)).fetchone()["ok"]]
 
     assert updatable == ["published_at"]
@@ -121,8 +129,8 @@ def test_the_dispatcher_is_refused_when_it_tries_to_update_another_outbox_column
 
 
 @pytest.mark.parametrize("privilege", ["INSERT", "DELETE", "TRUNCATE"])
-def test_the_dispatcher_holds_no_privilege_to_add_or_remove_outbox_rows(admin, privilege):
-    assert not _privilege(admin, Role.DISPATCHER, "outbox", privilege)
+def test_the_dispatcher_holds_no_privilege_to_add_or_remove_outbox_rows(catalog, privilege):
+    assert not _privilege(catalog, Role.DISPATCHER, "outbox", privilege)
 
 
 def test_the_dispatcher_is_refused_when_it_tries_to_insert_an_outbox_row(history, admin, connect_as):
@@ -157,9 +165,9 @@ def test_the_dispatcher_cannot_read_export_jobs(history, admin, connect_as):
 
 
 @pytest.mark.parametrize("role", list(Role), ids=lambda r: r.value)
-def test_no_role_holds_delete_on_the_outbox(admin, role):
-    assert not _privilege(admin, role, "outbox", "DELETE")
-    assert not _privilege(admin, role, "outbox", "TRUNCATE")
+def test_no_role_holds_delete_on_the_outbox(catalog, role):
+    assert not _privilege(catalog, role, "outbox", "DELETE")
+    assert not _privilege(catalog, role, "outbox", "TRUNCATE")
 
 
 # --- the triggers stop even the owner ----------------------------------------------------------------
