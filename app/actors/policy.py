@@ -11,13 +11,16 @@ and is active), and the scope of what it may export (only contacts who consented
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 from uuid import UUID
 
 import psycopg
 
-from app.actors.destination import DestinationConfig
+from app.actors.destination import DestinationConfig, DestinationError
 from app.store.types import ExpectedFile, Status
+
+log = logging.getLogger(__name__)
 
 #: The job as the worker needs it: the hint is re-read from the row, never taken from the message.
 READ_JOB = """
@@ -61,6 +64,9 @@ class Scope(enum.Enum):
 class Refusal(enum.Enum):
     DESTINATION_MISSING = "DestinationMissing"
     DESTINATION_INACTIVE = "DestinationInactive"
+    #: The row cannot describe a delivery (say, an unparseable pinned host key): no attempt could
+    #: ever deliver it, so retrying the message would only delay the answer.
+    DESTINATION_UNUSABLE = "DestinationUnusable"
 
 
 @dataclass(frozen=True)
@@ -105,9 +111,13 @@ class ExportPolicy:
             return Decision(Refusal.DESTINATION_MISSING)
         if not row["active"]:
             return Decision(Refusal.DESTINATION_INACTIVE)
-        config = DestinationConfig(
-            host=row["host"], port=row["port"], username=row["username"], remote_dir=row["remote_dir"],
-            host_key=row["host_key"], credential_ref=row["credential_ref"], remote_hash=row["remote_hash"],
-            acknowledgments=row["acknowledgments"], name_and_size_identify=row["name_and_size_identify"],
-            read_back=row["read_back"])
+        try:
+            config = DestinationConfig(
+                host=row["host"], port=row["port"], username=row["username"], remote_dir=row["remote_dir"],
+                host_key=row["host_key"], credential_ref=row["credential_ref"], remote_hash=row["remote_hash"],
+                acknowledgments=row["acknowledgments"], name_and_size_identify=row["name_and_size_identify"],
+                read_back=row["read_back"])
+        except (ValueError, DestinationError) as exc:
+            log.warning("policy.destination_unusable destination_id=%s error=%s", job.destination_id, exc)
+            return Decision(Refusal.DESTINATION_UNUSABLE)
         return Decision(None, scope=Scope.CONSENTING_CONTACTS, destination=config)

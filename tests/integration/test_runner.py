@@ -177,3 +177,15 @@ def test_a_stop_request_after_cutoff_2_is_recorded_as_too_late_and_the_file_is_d
     assert worker.seed.status(job) is Status.COMPLETED
     assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
     assert worker.seed.row(job)["stop_request_id"] is None   # recorded as a request, not as a stop
+
+
+def test_a_job_whose_destination_cannot_be_configured_is_rejected_rather_than_retried(worker):
+    unusable = insert_destination(worker.conn, worker.tenant_id, worker.peer.config)
+    # The owner writes what no operator script would accept: a pinned key for another host.
+    worker.admin.execute("UPDATE destinations SET host = '203.0.113.9' WHERE id = %s", (unusable,))
+    job = worker.queued(unusable)
+
+    result = worker.runner().run(job.id)
+
+    assert result.outcome is RunOutcome.REJECTED
+    assert worker.seed.status(job) is Status.REJECTED and worker.seed.event_kinds(job) == []
