@@ -5,9 +5,10 @@ any number of relays can run at once and never publish one row twice in a pass),
 message for the export actor whose Dramatiq ``message_id`` is the row's ``message_id``, mark the
 enqueued ones published, commit.
 
-The only way a message is published twice is a crash (or a lost commit) after ``broker.enqueue``
-returned and before the mark committed: the row is still unpublished, so the next pass enqueues it
-again with the same message id, and the worker's deduplication middleware absorbs the copy. A broker
+The only way a message is published twice is a crash (or a lost commit) after the broker took the
+message and before the mark committed, an ``enqueue`` whose reply was lost included: the row is still
+unpublished, so the next pass enqueues it again with the same message id, and the worker's
+deduplication middleware absorbs the copy. A broker
 outage (``enqueue`` raises) leaves that row and every later one unpublished and unmarked for the next
 pass; nothing is lost and nothing is marked that the broker did not take.
 
@@ -196,7 +197,8 @@ class Relay:
             try:
                 if any(True for _ in listener.notifies(timeout=timeout, stop_after=1)):
                     return
-            except psycopg.Error as exc:
+            except Exception as exc:
+                # The listener is re-opened by the loop; the drain that follows covers the gap.
                 log.warning("relay.listener_lost error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
                 return
 

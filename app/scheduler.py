@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 from uuid import UUID
 
 import peewee
@@ -285,10 +285,6 @@ class RecoveryCounts:
     reconciled: int = 0
     errors: int = 0
 
-    @property
-    def taken_over(self) -> int:
-        return self.stopped + self.requeued + self.exhausted + self.completed + self.outcome_unknown
-
     def as_fields(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
@@ -370,7 +366,10 @@ class Recovery:
                     case Takeover.EXHAUST:
                         return takeover, recovery.exhaust_expired(conn, max_attempts=self.config.max_attempts,
                                                                   **common)
-            raise AssertionError(f"unexpected takeover {takeover!r}")
+                    case Takeover.COMPLETE | Takeover.OUTCOME_UNKNOWN:
+                        raise AssertionError(f"a Running attempt cannot be resolved as {takeover!r}")
+                    case _ as unreachable:
+                        assert_never(unreachable)
         if job.status is Status.DELIVERING:
             verdict = self._weigh_delivery(job, run_id)
             takeover = Takeover.COMPLETE if verdict.resolution is Resolution.COMPLETED else Takeover.OUTCOME_UNKNOWN

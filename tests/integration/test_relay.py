@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Iterator
 
 import dramatiq

@@ -14,7 +14,6 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -35,10 +34,11 @@ from app.scheduler import (
 )
 from app.store import jobs
 from app.store.cancellation import request_cancellation
+from app.store.database import Database
 from app.store.recovery import ExpiredAttempt
 from app.store.types import CancellationOutcome, Role, Status
 from tests.factories import Job
-from tests.factories_more import States, wait_until_blocked
+from tests.factories_more import States
 
 MAX_ATTEMPTS = 3
 WORKER = "worker-test"
@@ -276,6 +276,21 @@ def test_a_receipt_the_attempt_appended_completes_it_even_when_the_destination_i
     assert event["detail"] == "Completed: receipt shows the expected file (checksum)"
 
 
+@pytest.mark.parametrize("baseline_ack, resolved", [(None, Status.COMPLETED), ("01" * 32, Status.OUTCOME_UNKNOWN)],
+                         ids=["new-ack", "ack-already-there"])
+def test_the_partners_acknowledgment_completes_a_delivery_only_when_it_is_newer_than_the_baseline(
+        app_db, conn, seed, tmp_path, baseline_ack, resolved):
+    job = expired_delivering(seed)
+    name = seed.expected(job).name
+    append(conn, job, EvidenceStage.BASELINE, Listing(final_name=name, present=False, ack=baseline_ack))
+    # The partner processed the file and moved it away; its acknowledgment names the expected sha256.
+    moved_away = Listing(final_name=name, present=False, ack="01" * 32)
+
+    recovery_for(app_db, tmp_path, FakeDestination(moved_away)).run_once()
+
+    assert seed.status(job) is resolved
+
+
 def test_a_crash_after_cutoff_2_before_the_upload_ends_outcome_unknown_without_any_upload(
         app_db, seed, tmp_path):
     job = expired_delivering(seed)
@@ -386,6 +401,16 @@ def test_outcome_unknown_without_proving_evidence_is_not_reconciled(app_db, conn
     assert [seed.row(after_refused_rename), seed.row(without_evidence)] == before
 
 
+def test_a_receipt_appended_under_another_attempt_does_not_reconcile_the_job(app_db, conn, seed, states, tmp_path):
+    job = states.outcome_unknown_by_worker()
+    other_attempt = Job(job.id, job.tenant_id, job.destination_id, job.delivery_key, uuid.uuid4())
+    append(conn, other_attempt, EvidenceStage.RECEIPT, listing_of(seed, job, sha256=b"\x01" * 32))
+
+    assert recovery_for(app_db, tmp_path).run_once() == RecoveryCounts()
+
+    assert seed.status(job) is Status.OUTCOME_UNKNOWN
+
+
 def test_reconciliation_pages_through_every_outcome_unknown_job(app_db, conn, seed, states, tmp_path):
     unknown = [states.outcome_unknown_by_worker() for _ in range(5)]
     for job in unknown:
@@ -410,8 +435,6 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
     jobs_ = [*running, delivering]
     settings = settings_for(tmp_path)
     # Each recovery gets its own pool, so each waits on its own backends.
-    from app.store.database import Database
-
     holder = connect_as(Role.APP)
     first_db, second_db = Database(db_url, Role.APP, max_size=2), Database(db_url, Role.APP, max_size=2)
     absent = FakeDestination(listing_of(seed, delivering, present=False))
