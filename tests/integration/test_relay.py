@@ -189,6 +189,20 @@ def test_drain_publishes_batch_after_batch_until_a_batch_comes_back_short(db_url
     assert unpublished_ids(admin) == []
 
 
+def test_an_outbox_row_of_a_kind_no_actor_takes_stays_unpublished_and_blocks_nothing(
+        db_url, dispatcher_db, broker, seed, admin):
+    job = seed.queued()
+    [wakeup] = seed.outbox(job)
+    mystery = uuid.uuid4()
+    admin.execute("INSERT INTO outbox (message_id, kind, job_id, created_at)"
+                  " VALUES (%s, 'Mystery', %s, clock_timestamp() - interval '1 minute')", (mystery, job.id))
+
+    assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 1
+
+    assert queued_ids(broker) == [str(wakeup["message_id"])]
+    assert unpublished_ids(admin) == [str(mystery)]
+
+
 def test_the_relay_refuses_any_role_but_the_dispatcher(db_url, app_db, broker):
     with pytest.raises(ValueError, match="exports_dispatcher"):
         Relay(settings_for(db_url), app_db, broker)
@@ -392,12 +406,13 @@ def amqp_url() -> str:
 
 def test_the_relay_publishes_to_rabbitmq_with_outbox_message_ids(db_url, dispatcher_db, seed, admin, amqp_url):
     import pika
-    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    from app.actors.broker import build_broker
 
     ids = seed_jobs(seed, 3)
     queue = f"exports-test-{uuid.uuid4().hex[:10]}"
+    broker = build_broker(settings_for(db_url, broker_url=amqp_url))
     # Publisher confirms: enqueue returns only once RabbitMQ took the message, so a mark never lies.
-    broker = RabbitmqBroker(url=amqp_url, confirm_delivery=True)
+    assert broker.confirm_delivery
     try:
         assert Relay(settings_for(db_url), dispatcher_db, broker, queue_name=queue).run_once() == 3
         assert unpublished_ids(admin) == []
