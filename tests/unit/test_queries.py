@@ -91,15 +91,53 @@ def _constant(node: ast.AST, module: ast.Module, seen: frozenset[str] = frozense
     return False
 
 
+def _scope_of(node: ast.AST, module: ast.Module) -> ast.AST:
+    """The innermost function around ``node``: the last, in walk order, that contains it."""
+    functions = [n for n in ast.walk(module) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    return next((f for f in reversed(functions) if any(n is node for n in ast.walk(f))), module)
+
+
+def _arguments_for(function: ast.FunctionDef | ast.AsyncFunctionDef, name: str, module: ast.Module) -> list[ast.AST]:
+    """What the module's own calls of ``function`` pass for its parameter ``name``; None for a call
+    that passes it some way this check cannot follow (``*args``, ``**kwargs``)."""
+    positional = [a.arg for a in function.args.posonlyargs + function.args.args]
+    if positional and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    index = positional.index(name) if name in positional else None
+    passed: list[ast.AST] = []
+    for call in ast.walk(module):
+        if not isinstance(call, ast.Call):
+            continue
+        callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+        if callee != function.name:
+            continue
+        keyword = next((k.value for k in call.keywords if k.arg == name), None)
+        if keyword is not None:
+            passed.append(keyword)
+        elif index is not None and index < len(call.args) and not any(
+                isinstance(a, ast.Starred) for a in call.args[:index + 1]):
+            passed.append(call.args[index])
+        else:
+            passed.append(None)
+    return passed
+
+
 def _allowed(node: ast.AST, scope: ast.AST, module: ast.Module, seen: frozenset[str] = frozenset()) -> bool:
     if _is_named_statement(node) or _is_sql_composition(node) or _is_compiled_query(node):
         return True
     if _constant(node, module):
         return True
     if isinstance(node, ast.Name) and node.id not in seen and scope is not module:
-        # A local variable is as safe as every value assigned to it in the same function.
+        seen = seen | {node.id}
         values = _assigned_values(scope, node.id)
-        return bool(values) and all(_allowed(v, scope, module, seen | {node.id}) for v in values)
+        if values:
+            # A local variable is as safe as every value assigned to it in the same function.
+            return all(_allowed(v, scope, module, seen) for v in values)
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            # A parameter is as safe as every argument the module passes for it.
+            passed = _arguments_for(scope, node.id, module)
+            return bool(passed) and all(
+                a is not None and _allowed(a, _scope_of(a, module), module, seen) for a in passed)
     return False
 
 
@@ -107,16 +145,13 @@ def unsafe_executions(module: str, source: str) -> list[str]:
     """The execute() calls in ``source`` whose SQL is not a named statement, text fixed in the module,
     a psycopg.sql composition or a compiled peewee query, as ``module:line: argument``."""
     tree = ast.parse(source)
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
     found: list[str] = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in EXECUTORS and node.args):
             continue
-        # The innermost enclosing function: the last, in walk order, that contains the call.
-        scope = next((f for f in reversed(functions) if any(n is node for n in ast.walk(f))), tree)
         argument = node.args[0]
-        if not _allowed(argument, scope, tree) and (module, ast.unparse(argument)) not in EXCEPTIONS:
+        if not _allowed(argument, _scope_of(node, tree), tree) and (module, ast.unparse(argument)) not in EXCEPTIONS:
             found.append(f"{module}:{node.lineno}: {ast.unparse(argument)}")
     return found
 
@@ -180,6 +215,9 @@ UNSAFE = [
     'cursor.executemany(" ".join(parts), rows)',
     'def f(conn, channel):\n    conn.execute(f"LISTEN {channel}")',
     'CHANNEL = input()\ndef f(conn):\n    conn.execute(f"LISTEN {CHANNEL}")',
+    'def query(conn, statement):\n    conn.execute(statement)\nquery(c, "SELECT 1")\nquery(c, "SELECT " + x)',
+    'def query(conn, statement):\n    conn.execute(statement)',
+    'def query(conn, statement):\n    conn.execute(statement)\nquery(c, *args)',
 ]
 
 SAFE = [
@@ -191,6 +229,8 @@ SAFE = [
     'CHANNEL = "exports_stop"\ndef f(conn):\n    conn.execute(f"LISTEN {CHANNEL}")',
     'def f(conn, query):\n    text, params = query.sql()\n    conn.execute(text, params)',
     'Job.select().execute()',
+    'class D:\n    def query(self, statement):\n        self.c.execute(statement)\n'
+    '    def status(self):\n        return self.query("SELECT 1")\nD().query(statement="SELECT 2")',
 ]
 
 
