@@ -325,7 +325,7 @@ def test_a_late_receipt_from_a_superseded_attempt_is_kept_as_evidence_and_change
 # --- the original worker after a takeover ---------------------------------------------------------
 
 
-def _taken_over_while_running(seed, conn, app_db):
+def _taken_over_while_running(seed, conn):
     """The original attempt was requeued and a new attempt now runs the job, with a stop request."""
     job = seed.running()
     seed.expire_lease(job)
@@ -341,7 +341,7 @@ def _taken_over_while_running(seed, conn, app_db):
                                        failure_reason=FailureCode.BUILD_FAILED),
 ], ids=["finish_stopped", "finish_failed"])
 def test_after_a_takeover_the_original_attempts_terminal_write_matches_nothing(app_db, conn, seed, write):
-    job, successor = _taken_over_while_running(seed, conn, app_db)
+    job, successor = _taken_over_while_running(seed, conn)
     before, events_before = seed.row(job), seed.events(job)
 
     assert write(app_db, job) is WriteResult.NOT_MATCHED
@@ -367,7 +367,7 @@ def test_after_a_takeover_the_original_attempts_delivery_outcome_matches_nothing
 
 
 def test_after_a_takeover_the_original_attempts_authorization_is_refused(app_db, conn, seed):
-    job, successor = _taken_over_while_running(seed, conn, app_db)
+    job, successor = _taken_over_while_running(seed, conn)
     before = seed.row(job)
 
     assert authorize(app_db, seed, job) is AuthorizationResult.NOT_OWNER
