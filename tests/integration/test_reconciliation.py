@@ -40,8 +40,12 @@ def _correct(conn, job: Job, recorded: Status, corrected: Status, failure_reason
 
 def test_outcome_unknown_from_recovery_reconciled_to_completed_keeps_both_events(states, seed):
     job = states.outcome_unknown_by_recovery()
+    bystander = states.outcome_unknown_by_recovery()
+    untouched = seed.row(bystander)
 
     assert _reconcile(seed.conn, job, Status.COMPLETED, evidence="sha256 matches the expected file")
+
+    assert seed.row(bystander) == untouched
 
     row = seed.row(job)
     assert (row["status"], row["failure_reason"]) == ("Completed", None)
@@ -160,9 +164,13 @@ def test_a_completed_row_keeping_its_old_failure_code_is_refused(states, seed, a
 
 def test_a_correction_changes_a_recorded_completed_once_and_records_who_and_why(seed, reconciler):
     job = seed.finished(Status.COMPLETED)
+    bystander = seed.finished(Status.COMPLETED)
+    untouched = seed.row(bystander)
 
     assert _correct(reconciler, job, Status.COMPLETED, Status.FAILED, FailureCode.NOT_DELIVERED,
                     why="the partner never received it")
+
+    assert seed.row(bystander) == untouched
 
     row = seed.row(job)
     assert (row["status"], row["failure_reason"]) == ("Failed", "NotDelivered")
