@@ -1,0 +1,178 @@
+"""The whole system as real processes: ``exports relay``, two ``exports worker`` and ``exports
+scheduler`` on a real PostgreSQL and a real Redis (EXPORTS_TEST_BROKER_URL, else an embedded one),
+delivering to a real SFTP server, driven only through the ``exports`` command.
+
+Where a scene needs the system held at a point (a build in progress, a delivery in progress), the
+test holds a real resource (a table lock, the TCP link to the partner) and confirms from the system
+itself (pg_stat_activity, the job's row) that it is waiting there, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from app.demo import Gate
+from app.store.jobs import final_name
+from tests.fixtures.processes import System, wait_until
+
+TENANT = "Initech"
+OPERATOR = "alice"
+#: Seconds a scene may take, process start-up included.
+DEADLINE = 90.0
+
+
+def _status(admin, job_id: str) -> str:
+    return admin.execute("SELECT status FROM export_jobs WHERE id = %s", (job_id,)).fetchone()["status"]
+
+
+def _row(admin, job_id: str) -> dict:
+    return admin.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
+
+
+def _transitions(admin, job_id: str) -> list[str]:
+    return [r["kind"] for r in admin.execute(
+        "SELECT kind FROM export_attempt_events WHERE job_id = %s AND kind <> 'DeliveryEvidence' ORDER BY id",
+        (job_id,))]
+
+
+def _wait_status(system: System, admin, job_id: str, status: str) -> None:
+    wait_until(lambda: _status(admin, job_id) == status, f"export {job_id} to be {status}", DEADLINE,
+               diagnostics=lambda: f"status {_status(admin, job_id)}\n{system.group.logs()}")
+
+
+def _set_up(system: System, peer, *, via_port: int | None = None) -> None:
+    """A tenant, its operator, contacts, and a destination on the partner (through ``via_port`` when given)."""
+    system.cli("tenant", "add", TENANT)
+    system.cli("operator", "grant", "--operator", OPERATOR, "--tenant", TENANT)
+    system.cli("contacts", "generate", "--tenant", TENANT, "--count", "500", "--seed", "1")
+    port = via_port or peer.config.port
+    key = peer.config.host_key.split(None, 1)[1]
+    system.cli("destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
+               str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
+               "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}")
+
+
+def _create(system: System) -> str:
+    return system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json").json["job_id"]
+
+
+def _cancel(system: System, job_id: str) -> dict:
+    return system.cli("cancel", job_id, "--tenant", TENANT, "--by", OPERATOR, "--json").json
+
+
+def _assert_delivered_once(admin, peer, job_id: str) -> None:
+    row = _row(admin, job_id)
+    files = peer.files()
+    assert list(files) == [final_name(row["delivery_key"])]
+    assert hashlib.sha256(files[final_name(row["delivery_key"])]).digest() == bytes(row["expected_file_sha256"])
+    assert _transitions(admin, job_id).count("Finished") == 1
+
+
+def _hold_builds(db_url: str) -> psycopg.Connection:
+    """A build's first read of contacts waits behind this lock until it is released."""
+    holder = psycopg.connect(db_url, autocommit=False)
+    holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
+    return holder
+
+
+def _builder_waiting_on_lock(admin) -> bool:
+    return admin.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'exports-builder' AND wait_event_type = 'Lock'").fetchone()["n"] == 1
+
+
+def test_an_export_created_with_the_command_is_delivered_as_one_file_and_completes(system, admin, embedded_sftp):
+    system.start_all()
+    _set_up(system, embedded_sftp)
+    job_id = _create(system)
+    _wait_status(system, admin, job_id, "Completed")
+    _assert_delivered_once(admin, embedded_sftp, job_id)
+    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+
+
+def test_an_export_canceled_while_queued_ends_canceled_and_no_file_is_ever_written(system, admin, embedded_sftp):
+    # No worker yet: the export cannot leave Queued before the cancel.
+    system.start_relay()
+    system.start_scheduler()
+    _set_up(system, embedded_sftp)
+    job_id = _create(system)
+    assert _cancel(system, job_id)["outcome"] == "CanceledWhileQueued"
+    system.start_worker()
+    system.start_worker()
+    wait_until(lambda: f"export.processed job_id={job_id}" in system.worker_logs(),
+               "a worker to receive the canceled export's wake-up", DEADLINE, diagnostics=system.group.logs)
+    assert (_status(admin, job_id), _row(admin, job_id)["attempt_count"]) == ("Canceled", 0)
+    assert _transitions(admin, job_id) == []
+    assert embedded_sftp.files() == {}
+
+
+def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, admin, embedded_sftp):
+    gate = Gate(embedded_sftp.config.port)
+    try:
+        system.start_all()
+        _set_up(system, embedded_sftp, via_port=gate.port)
+        job_id = _create(system)
+        # The link is held: the worker is past cutoff 2 and its upload cannot reach the partner.
+        _wait_status(system, admin, job_id, "Delivering")
+        answer = _cancel(system, job_id)
+        assert (answer["outcome"], answer["found_status"]) == ("TooLate", "Delivering")
+        gate.open()
+        _wait_status(system, admin, job_id, "Completed")
+    finally:
+        gate.close()
+    _assert_delivered_once(admin, embedded_sftp, job_id)
+    assert _row(admin, job_id)["stop_request_id"] is None
+
+
+def test_a_lost_wake_up_is_republished_by_the_sweeper_and_the_export_completes(system, admin, embedded_sftp):
+    system.start_relay()
+    system.start_scheduler()
+    _set_up(system, embedded_sftp)
+    job_id = _create(system)
+    wait_until(lambda: admin.execute("SELECT count(*) AS n FROM outbox WHERE job_id = %s AND published_at IS NOT NULL",
+                                     (job_id,)).fetchone()["n"] >= 1,
+               "the relay to publish the wake-up", DEADLINE, diagnostics=system.group.logs)
+    system.delete_queue()
+    system.start_worker()
+    system.start_worker()
+    _wait_status(system, admin, job_id, "Completed")
+    assert _row(admin, job_id)["sweep_count"] >= 1
+    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+    _assert_delivered_once(admin, embedded_sftp, job_id)
+
+
+def test_a_worker_killed_mid_build_is_recovered_and_the_export_is_delivered_exactly_once(
+        system, admin, db_url, embedded_sftp):
+    system.start_all()
+    _set_up(system, embedded_sftp)
+    holder = _hold_builds(db_url)
+    try:
+        job_id = _create(system)
+        _wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: _builder_waiting_on_lock(admin), "the build to wait on the contacts lock", DEADLINE)
+        pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert parent in {r.process.pid for r in system.group.running if r.name.startswith("worker")}
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        holder.rollback()
+        holder.close()
+    _wait_status(system, admin, job_id, "Completed")
+    assert _transitions(admin, job_id) == ["Claimed", "RequeuedByRecovery", "Claimed", "DeliveryAuthorized", "Finished"]
+    assert _row(admin, job_id)["attempt_count"] == 2
+    _assert_delivered_once(admin, embedded_sftp, job_id)
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_an_export_created_with_the_command_completes(rabbitmq_system, admin, embedded_sftp):
+    rabbitmq_system.start_all()
+    _set_up(rabbitmq_system, embedded_sftp)
+    job_id = _create(rabbitmq_system)
+    _wait_status(rabbitmq_system, admin, job_id, "Completed")
+    _assert_delivered_once(admin, embedded_sftp, job_id)
