@@ -1,5 +1,5 @@
 """Shared fixtures: a real PostgreSQL (the machine's when EXPORTS_TEST_DATABASE_URL is set, else the
-embedded one), migrated once into a template database and copied per test, and connections that run
+embedded one), migrated once into a template database whose copies serve one test each, and connections that run
 under the restricted roles exactly as the processes do."""
 
 from __future__ import annotations
@@ -64,15 +64,91 @@ def template_db(pg_server_url: str) -> Iterator[str]:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+# Everything a test could add to a database beyond rows: a copy whose catalog differs from the
+# template's afterwards is dropped rather than recycled.
+_CATALOG_FINGERPRINT = """
+SELECT md5(coalesce(string_agg(item, ',' ORDER BY item), '')) FROM (
+    SELECT 'rel:' || relname FROM pg_class WHERE relnamespace = 'public'::regnamespace
+    UNION ALL SELECT 'trg:' || tgname FROM pg_trigger WHERE NOT tgisinternal
+    UNION ALL SELECT 'fn:' || proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace
+    UNION ALL SELECT 'con:' || conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+    UNION ALL SELECT 'pol:' || polname FROM pg_policy
+    UNION ALL SELECT 'acl:' || relname || coalesce(relacl::text, '') FROM pg_class
+        WHERE relnamespace = 'public'::regnamespace
+) AS catalog(item)
+"""
+
+
+class _DatabaseCopies:
+    """Copies of the migrated template, one per test. CREATE and DROP DATABASE cost about a second
+    each on a loaded machine (they write and sync the whole copy), so a copy whose catalog is
+    unchanged after its test is emptied and handed to the next test instead: its rows are deleted
+    with triggers disabled for that transaction only (the append-only triggers refuse it to
+    everyone else), and every connection the test left behind is terminated first."""
+
+    def __init__(self, server_url: str, template: str):
+        self.server_url = server_url
+        self.template = template
+        self.free: list[str] = []
+        self.all: list[str] = []
+        with psycopg.connect(_with_db(server_url, template)) as conn:
+            self.fingerprint = conn.execute(_CATALOG_FINGERPRINT).fetchone()[0]
+            self.tables = [r[0] for r in conn.execute(
+                "SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+                " AND relkind = 'r' AND relname <> 'schema_version'")]
+
+    def take(self) -> str:
+        if self.free:
+            return self.free.pop()
+        name = f"exports_t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.server_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(self.template)))
+        self.all.append(name)
+        return name
+
+    def give_back(self, name: str) -> None:
+        with psycopg.connect(self.server_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        try:
+            with psycopg.connect(_with_db(self.server_url, name), autocommit=True) as conn:
+                if conn.execute(_CATALOG_FINGERPRINT).fetchone()[0] != self.fingerprint:
+                    raise RuntimeError("catalog changed")
+                # Replica mode skips user triggers and the foreign keys' internal ones, so the
+                # rows go in any order. DELETE, not TRUNCATE: a test's few rows are cheaper to delete
+                # than ten tables' files are to recreate and sync.
+                with conn.transaction():
+                    conn.execute("SET LOCAL session_replication_role = replica")
+                    for table in self.tables:
+                        conn.execute(sql.SQL("DELETE FROM {}").format(sql.SQL(table)))
+            self.free.append(name)
+        except Exception:
+            self.drop(name)
+
+    def drop(self, name: str) -> None:
+        with psycopg.connect(self.server_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        self.all.remove(name)
+
+    def drop_all(self) -> None:
+        for name in list(self.all):
+            self.drop(name)
+
+
+@pytest.fixture(scope="session")
+def _database_copies(pg_server_url: str, template_db: str) -> Iterator[_DatabaseCopies]:
+    copies = _DatabaseCopies(pg_server_url, template_db)
+    yield copies
+    copies.drop_all()
+
+
 @pytest.fixture
-def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    """A superuser URL for a fresh copy of the migrated template."""
-    name = f"exports_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
-    yield _with_db(pg_server_url, name)
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+def db_url(_database_copies: _DatabaseCopies) -> Iterator[str]:
+    """A superuser URL for a database in exactly the migrated template's state, used by this test alone."""
+    name = _database_copies.take()
+    yield _with_db(_database_copies.server_url, name)
+    _database_copies.give_back(name)
 
 
 @pytest.fixture
