@@ -133,6 +133,9 @@ class Relay:
                                    "error": type(exc).__name__})
                 return published, True
             published.append(row.message_id)
+            # Per message, so one job can be followed from its outbox row to the worker's log.
+            log.info("relay.enqueued message_id=%s job_id=%s", row.message_id, row.job_id,
+                     extra={"message_id": str(row.message_id), "job_id": str(row.job_id)})
         return published, False
 
     def drain(self) -> int:
