@@ -184,6 +184,13 @@ CREATE TABLE cancellation_requests (
         REFERENCES export_jobs (tenant_id, id)            -- a request cannot name another tenant's job
 );
 
+-- Ours: the outcome and the found status are codes the console and alerts rely on.
+ALTER TABLE cancellation_requests
+    ADD CONSTRAINT ck_cancellation_requests_outcome CHECK (outcome IN ('CanceledWhileQueued', 'StopRequested',
+        'StopAlreadyRequested', 'AlreadyCanceled', 'AlreadyEnded', 'TooLate')),
+    ADD CONSTRAINT ck_cancellation_requests_found_status CHECK (found_status IN ('Queued', 'Running', 'Delivering',
+        'Canceled', 'Rejected', 'Stopped', 'Failed', 'Completed', 'OutcomeUnknown'));
+
 CREATE TABLE outbox (
     message_id    uuid PRIMARY KEY,    -- a new ID for every row; reused only when the dispatcher retries this row
     kind          text NOT NULL,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 import psycopg
+from psycopg import errors as pg
 
 from app.store.queries import QUERIES
 from app.store.types import FailureCode, Status
@@ -76,21 +77,35 @@ def resolve_delivering(conn: psycopg.Connection, *, job_id: UUID, expired_attemp
 
 def reconcile(conn: psycopg.Connection, *, tenant_id: UUID, job_id: UUID, attempt_id: UUID, resolution: Status,
               evidence: str, reconciled_by: str) -> bool:
-    """OutcomeUnknown -> Completed, or Failed with NotDelivered; once per attempt."""
-    return conn.execute(QUERIES["export_reconcile"], dict(
+    """OutcomeUnknown -> Completed, or Failed with NotDelivered; once per attempt (a second time is
+    refused by the unique index and answers False, with the row unchanged)."""
+    return _once(conn, QUERIES["export_reconcile"], dict(
         tenant_id=tenant_id, job_id=job_id, attempt_id=attempt_id, resolution=resolution.value,
-        evidence=evidence, reconciled_by=reconciled_by)).rowcount == 1
+        evidence=evidence, reconciled_by=reconciled_by))
 
 
 def correct(conn: psycopg.Connection, *, tenant_id: UUID, job_id: UUID, attempt_id: UUID, recorded_status: Status,
             corrected_status: Status, failure_reason: FailureCode | None, evidence_ref: str, why: str,
             corrected_by: str) -> bool:
     """A reconciliation operator's correction of a recorded Completed or Failed (the connection must
-    run as exports_reconciler; any other role is refused by the database)."""
-    return conn.execute(QUERIES["export_correct"], dict(
+    run as exports_reconciler; any other role is refused by the database). Once per attempt: a
+    second correction is refused by the unique index and answers False, with the row unchanged."""
+    return _once(conn, QUERIES["export_correct"], dict(
         tenant_id=tenant_id, job_id=job_id, attempt_id=attempt_id, recorded_status=recorded_status.value,
         corrected_status=corrected_status.value, failure_reason=failure_reason.value if failure_reason else None,
-        evidence_ref=evidence_ref, why=why, corrected_by=corrected_by)).rowcount == 1
+        evidence_ref=evidence_ref, why=why, corrected_by=corrected_by))
+
+
+def _once(conn: psycopg.Connection, statement: str, params: dict) -> bool:
+    """A one-shot transition: its event's unique index refuses a second one, and the update rolls
+    back with the refused event, so the refusal is an answer, not an error."""
+    try:
+        with conn.transaction():
+            return conn.execute(statement, params).rowcount == 1
+    except pg.UniqueViolation as exc:
+        if exc.diag.constraint_name == "uq_attempt_transition":
+            return False
+        raise
 
 
 def republish_due(conn: psycopg.Connection, *, sweep_after_seconds: float, batch_size: int = 500) -> list[UUID]:

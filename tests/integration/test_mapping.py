@@ -14,7 +14,7 @@ import pytest
 from app.store import jobs
 from app.store.models import ExportJob
 from app.store.queries import QUERIES
-from app.store.types import EditResult, EventKind, FailureCode, Status
+from app.store.types import CancellationOutcome, EditResult, EventKind, FailureCode, Status
 from tests.factories_more import catalog_database
 
 _SET_CLAUSE = re.compile(r"\bUPDATE\s+export_jobs\b.*?\bSET\b(?P<set>.*?)\bWHERE\b", re.DOTALL | re.IGNORECASE)
@@ -70,7 +70,9 @@ def test_the_export_job_model_maps_every_column_of_the_table_in_order(catalog):
     ("export_jobs", "status", Status),
     ("export_attempt_events", "kind", EventKind),
     ("export_jobs", "failure_reason", FailureCode),
-], ids=["Status", "EventKind", "FailureCode"])
+    ("cancellation_requests", "outcome", CancellationOutcome),
+    ("cancellation_requests", "found_status", Status),
+], ids=["Status", "EventKind", "FailureCode", "CancellationOutcome", "FoundStatus"])
 def test_each_enum_has_exactly_the_values_its_check_constraint_allows(catalog, table, column, enum):
     allowed = _check_values(catalog, table, column)
 

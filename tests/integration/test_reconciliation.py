@@ -83,10 +83,8 @@ def test_a_second_reconciled_event_is_refused_by_uq_attempt_transition_even_if_t
     # Only the owner could put the row back; the statement's event must still be refused.
     admin.execute("UPDATE export_jobs SET status = 'OutcomeUnknown' WHERE id = %s", (job.id,))
 
-    with pytest.raises(pg.UniqueViolation) as refused:
-        _reconcile(seed.conn, job, Status.FAILED)
+    assert not _reconcile(seed.conn, job, Status.FAILED)
 
-    assert refused.value.diag.constraint_name == "uq_attempt_transition"
     assert seed.status(job) is Status.OUTCOME_UNKNOWN   # the update and its event rolled back together
     assert seed.event_kinds(job).count("Reconciled") == 1
 
@@ -196,10 +194,8 @@ def test_a_second_correction_back_is_refused_by_uq_attempt_transition_and_change
     assert _correct(reconciler, job, Status.COMPLETED, Status.FAILED, FailureCode.NOT_DELIVERED)
     before = seed.row(job)
 
-    with pytest.raises(pg.UniqueViolation) as refused:
-        _correct(reconciler, job, Status.FAILED, Status.COMPLETED)
+    assert not _correct(reconciler, job, Status.FAILED, Status.COMPLETED)
 
-    assert refused.value.diag.constraint_name == "uq_attempt_transition"
     assert seed.row(job) == before
     assert seed.event_kinds(job).count("Corrected") == 1
 
