@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from app.cli import build_parser
-from app.cli_common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.cli_common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
 from app.store import directory
 from app.store.types import FailureCode, Status
+from tests.fixtures.processes import ExportsCli, clean_environ
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",
           "export_attempt_events", "cancellation_requests", "outbox")
@@ -394,3 +395,17 @@ def test_bad_input_is_one_line_on_stderr_with_its_exit_code_and_changes_nothing(
     assert "hunter2" not in result.stderr
     assert snapshot(admin) == before
     assert result.code != EXIT_OK
+
+
+def test_with_json_an_error_is_also_a_json_object_on_stdout(exports_cli, tenant):
+    missing = str(uuid.uuid4())
+    result = exports_cli("cancel", missing, "--tenant", "Initech", "--by", "alice", "--json", expect=EXIT_NOT_FOUND)
+    one_line_error(result)
+    assert result.json["exit_code"] == EXIT_NOT_FOUND and result.json["reply"] == "NotFound"
+    assert uuid.UUID(result.json["request_id"])
+
+
+def test_an_unreachable_database_is_a_one_line_error_not_a_traceback(tmp_path):
+    cli = ExportsCli(clean_environ(EXPORTS_DATABASE_URL="postgresql://exports@127.0.0.1:1/exports",
+                                   EXPORTS_STATE_DIR=str(tmp_path)))
+    one_line_error(cli("list", expect=EXIT_FAILURE))
