@@ -22,7 +22,6 @@ from app.cli_common import (
     EXIT_BAD_INPUT,
     EXIT_CODES_HELP,
     EXIT_FAILURE,
-    MAX_NAME,
     CliError,
     Context,
     Parser,

@@ -194,11 +194,12 @@ def test_create_by_an_operator_without_a_grant_is_refused_and_creates_nothing(ex
 
 
 def test_cancel_of_a_queued_export_cancels_it_and_prints_the_minted_request_id(exports_cli, seed, tenant, queued):
-    job = queued()
+    job, bystander = queued(), queued()
     answer = exports_cli("cancel", str(job.id), "--tenant", "Initech", "--by", "alice", "--json").json
     assert (answer["outcome"], answer["found_status"]) == ("CanceledWhileQueued", "Queued")
     assert uuid.UUID(answer["request_id"])
     assert seed.row(job)["cancellation_request_id"] == uuid.UUID(answer["request_id"])
+    assert (seed.status(bystander), seed.row(bystander)["cancellation_request_id"]) == (Status.QUEUED, None)
 
 
 def test_the_same_cancel_twice_with_one_request_id_records_once_and_answers_the_same(exports_cli, admin, seed, tenant, queued):
@@ -261,12 +262,13 @@ def test_cancel_during_delivery_is_recorded_as_too_late_and_exits_zero(exports_c
 
 
 def test_edit_moves_a_queued_export_to_another_destination_at_the_next_version(exports_cli, seed, tenant, queued):
-    job = queued()
+    job, bystander = queued(), queued()
     other = seed.destination(tenant.id)
     answer = exports_cli("edit", str(job.id), "--tenant", "Initech", "--destination", str(other),
                          "--expected-version", "1", "--by", "alice", "--json").json
     assert answer["version"] == 2
     assert (seed.row(job)["destination_id"], seed.row(job)["version"]) == (other, 2)
+    assert (seed.row(bystander)["destination_id"], seed.row(bystander)["version"]) == (tenant.destination_id, 1)
 
 
 def test_edit_at_a_stale_version_is_not_changed(exports_cli, admin, seed, tenant, queued):

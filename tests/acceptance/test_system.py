@@ -81,10 +81,12 @@ def _hold_builds(db_url: str) -> psycopg.Connection:
     return holder
 
 
-def _builder_waiting_on_lock(admin) -> bool:
+def _builder_blocked_by(admin, holder: psycopg.Connection) -> bool:
+    """The build's query waits on the holder's lock, by the database's own account."""
     return admin.execute(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = 'exports-builder' AND wait_event_type = 'Lock'").fetchone()["n"] == 1
+        "AND application_name = 'exports-builder' AND %s = ANY(pg_blocking_pids(pid))",
+        (holder.info.backend_pid,)).fetchone()["n"] == 1
 
 
 def test_an_export_created_with_the_command_is_delivered_as_one_file_and_completes(system, admin, embedded_sftp):
@@ -155,7 +157,7 @@ def test_a_worker_killed_mid_build_is_recovered_and_the_export_is_delivered_exac
     try:
         job_id = _create(system)
         _wait_status(system, admin, job_id, "Running")
-        wait_until(lambda: _builder_waiting_on_lock(admin), "the build to wait on the contacts lock", DEADLINE)
+        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
         pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         assert parent in {r.process.pid for r in system.group.running if r.name.startswith("worker")}
