@@ -74,8 +74,23 @@ def declare(broker: dramatiq.Broker, run: Run | None = None, **options: object) 
         if result.outcome is RunOutcome.CLAIM_UNKNOWN:
             raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")
 
+    if run is None and not any(isinstance(m, StopPreparationOnShutdown) for m in broker.middleware):
+        broker.add_middleware(StopPreparationOnShutdown())
     return dramatiq.Actor(export_ready, broker=broker, actor_name=ACTOR_NAME, queue_name=QUEUE, priority=0,
                           options={**ACTOR_OPTIONS, **options})
+
+
+class StopPreparationOnShutdown(dramatiq.Middleware):
+    """When the worker shuts down, attempts still building stop at once and write nothing, instead
+    of holding the shutdown for the length of a build; recovery requeues them once their leases
+    expire. An upload in progress is left to finish."""
+
+    def before_worker_shutdown(self, broker, worker) -> None:
+        runner = _runner
+        if runner is not None:
+            stopped = runner.shutdown()
+            if stopped:
+                log.info("export.shutdown_stopped_preparation attempts=%s", stopped)
 
 
 _runner: ExportRunner | None = None

@@ -89,6 +89,16 @@ class ExportRunner:
         self.watcher = watcher
         self.destination_for = destination_for
         self.worker_id = worker_id
+        self._active: set[StopSignal] = set()
+        self._active_lock = threading.Lock()
+
+    def shutdown(self) -> int:
+        """The worker is stopping: ends every attempt still preparing, writing nothing (the job stays
+        Running and recovery takes it over when its lease expires). Uploads are not interrupted: past
+        cutoff 2 the signal is ignored. Returns how many attempts were signalled."""
+        with self._active_lock:
+            active = list(self._active)
+        return sum(1 for stop in active if stop.set(StopReason.SHUTDOWN))
 
     def run(self, job_id: UUID) -> RunResult:
         # The message is only a hint. Everything below starts from the row.
@@ -118,6 +128,8 @@ class ExportRunner:
 
         # From the confirmed claim to the attempt's last write: one stop signal, one lease keeper.
         stop = StopSignal()
+        with self._active_lock:
+            self._active.add(stop)
         keeper = self.leases.keep(job.id, attempt_id, stop)
         watch = self.watcher.watch(job.id, attempt_id, stop)
         try:
@@ -129,6 +141,8 @@ class ExportRunner:
         finally:
             watch.close()
             keeper.finish()
+            with self._active_lock:
+                self._active.discard(stop)
 
     # --- before cutoff 2: reversible ------------------------------------------------------------------
 

@@ -176,3 +176,41 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
     outcome = [json.loads(e["detail"]) for e in worker.seed.events(job) if e["kind"] == "DeliveryEvidence"][-1]
     assert (outcome["stage"], outcome["outcome"]) == ("outcome", "Completed")
     assert runners[0].leases.keeper.lost and runners[0].leases.keeper._stop.reason is StopReason.LEASE_LOST
+
+
+def test_a_worker_shutting_down_mid_build_stops_it_writes_nothing_and_leaves_the_job_running_for_recovery(worker):
+    job = worker.queued()
+    gate = Gate()
+    runner = worker.runner(checkpoint=gate, renew_seconds=0.2)
+    run = Background(lambda: runner.run(job.id))
+    assert gate.reached.wait(10)
+
+    assert runner.shutdown() == 1
+    result = run.result()
+
+    assert result.outcome is RunOutcome.GAVE_UP and result.write is None
+    row = worker.seed.row(job)
+    assert (row["status"], row["attempt_id"]) == ("Running", result.attempt_id)
+    assert worker.seed.event_kinds(job) == ["Claimed"]
+    assert worker.local_files() == [] and worker.peer.files() == {}
+    keeper = runner.leases.keeper
+    count = len(keeper.history)
+    assert keeper._finished.is_set() and not keeper.lost   # no renewal keeps the abandoned lease alive
+    wait_for(lambda: runner.leases.leases.scheduler.get_jobs() == [], "the renewal schedule to be gone")
+    assert len(keeper.history) == count
+
+
+def test_a_worker_shutting_down_during_an_upload_lets_the_upload_finish(worker):
+    job = worker.queued()
+    runners = []
+
+    def shutdown_then_deliver(config):
+        assert runners[0].shutdown() == 1
+        return Destination(config, environ=worker.peer.environ)
+
+    runners.append(worker.runner(destination_for=shutdown_then_deliver))
+    result = runners[0].run(job.id)
+
+    assert (result.outcome, result.delivery, result.write) == (RunOutcome.DELIVERED, Status.COMPLETED,
+                                                               WriteResult.WRITTEN)
+    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
