@@ -790,7 +790,9 @@ class Destination:
             proof = Proof.NAME_AND_SIZE
         else:
             return Unknown("the destination does not show the delivered file after the rename")
-        receipt = Receipt(final_name=expected.name, size=expected.size, proof=proof, overwrote=overwrite, evidence=evidence)
+        receipt = Receipt(
+            final_name=expected.name, size=expected.size, proof=proof, overwrote=overwrite, evidence=evidence
+        )
         return Completed(receipt)
 
     def _await_ack(self, session: _Session, after: Listing, baseline: Listing) -> Listing:

@@ -23,7 +23,8 @@ BIG = 300_000  # past the 131,072 bytes at which paramiko's own server-side chec
 def _sftp(peer: SftpPeer) -> paramiko.SFTPClient:
     client = paramiko.SSHClient()
     keytype, data = peer.config.host_key.split()[1:3]
-    client.get_host_keys().add(peer.config.known_hosts_name, keytype, paramiko.PKey.from_type_string(keytype, base64.b64decode(data)))
+    pinned = paramiko.PKey.from_type_string(keytype, base64.b64decode(data))
+    client.get_host_keys().add(peer.config.known_hosts_name, keytype, pinned)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     client.connect(
         peer.config.host,
@@ -112,7 +113,8 @@ def test_the_command_line_server_accepts_a_delivery_and_stops_on_sigterm(tmp_pat
     env = {**os.environ, "DEMO_SFTP_PASSWORD": "demo-pass"}
     (tmp_path / "root" / "inbox").mkdir(parents=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.sftp_server", "--root", str(tmp_path / "root"), "--password-env", "DEMO_SFTP_PASSWORD"],
+        [sys.executable, "-m", "app.sftp_server", "--root", str(tmp_path / "root")]
+        + ["--password-env", "DEMO_SFTP_PASSWORD"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
