@@ -64,8 +64,11 @@ def build_parser() -> Parser:
 
     parser = Parser(prog="exports", description="exports: queued CRM contact exports to partner SFTP servers, with safe "
                     "cancellation and recovery; the operator scripts and the processes.",
-                    epilog=EXIT_CODES_HELP + "\n\nEXPORTS_DATABASE_URL picks the database; unset, an embedded "
-                    "PostgreSQL runs under EXPORTS_STATE_DIR (default ./var).",
+                    epilog=EXIT_CODES_HELP + "\n\nAn operator's write (--by) needs the operator's grant for the "
+                    "tenant (exports operator grant),\nchecked before anything is written; setup commands (db, "
+                    "tenant, destination, operator, contacts)\nare for administrators. Another tenant's export "
+                    "answers exactly like a missing one.\n\nEXPORTS_DATABASE_URL picks the database; unset, an "
+                    "embedded PostgreSQL runs under EXPORTS_STATE_DIR (default ./var).",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
@@ -220,8 +223,10 @@ def build_parser() -> Parser:
     p.set_defaults(handler=cli_processes.scheduler)
     p = commands.add_parser("worker", help="run export workers (dramatiq app.actors)", **leaf,
                             description="Run `dramatiq app.actors` with the embedded services resolved.")
-    p.add_argument("--processes", type=positive_int(256), default=cli_processes.DEFAULT_PROCESSES)
-    p.add_argument("--threads", type=positive_int(256), default=cli_processes.DEFAULT_THREADS)
+    p.add_argument("--processes", type=positive_int(256), default=cli_processes.DEFAULT_PROCESSES,
+                   help=f"worker processes (default {cli_processes.DEFAULT_PROCESSES}: this machine's CPUs, at most 4)")
+    p.add_argument("--threads", type=positive_int(256), default=cli_processes.DEFAULT_THREADS,
+                   help=f"threads per process (default {cli_processes.DEFAULT_THREADS})")
     p.set_defaults(handler=cli_processes.worker)
     p = commands.add_parser("demo", help="run the whole system on this machine through a scripted scenario", **leaf,
                             description="Start the embedded services, relay, two workers and the scheduler, play a "
