@@ -626,13 +626,16 @@ class Destination:
         expected: ExpectedFile,
         *,
         attempt_id: str,
+        replacement: bool = False,
         replacement_of: ExpectedFile | None = None,
         overwrite_agreed: bool = False,
         record_evidence: RecordEvidence,
     ) -> DeliveryOutcome:
         """Deliver ``local_path`` under ``expected.name``; never raises for an ordinary error.
 
-        ``record_evidence`` is called with the baseline before any upload (if it raises, nothing is
+        ``replacement`` says the job replaces an original, whose expected file (``replacement_of``) is
+        known only if the original reached cutoff 2. ``record_evidence`` is called with the baseline
+        before any upload (if it raises, nothing is
         uploaded), and with every later observation (receipt, refused rename, interruption).
         A BaseException (shutdown, time limit) propagates unchanged; the caller classifies it with
         ``classify(exc, stage=Stage.UNKNOWN)``, which is always OutcomeUnknown.
@@ -656,7 +659,8 @@ class Destination:
                 log.info(
                     "delivery.baseline %s present=%s size=%s", fields, baseline.present, baseline.size
                 )
-                decision = self._decide(baseline, replacement_of, overwrite_agreed)
+                decision = self._decide(baseline, replacement or replacement_of is not None, replacement_of,
+                                        overwrite_agreed)
                 if isinstance(decision, Failed):
                     log.info("delivery.refused %s code=%s", fields, decision.code.value)
                     return decision
@@ -690,15 +694,17 @@ class Destination:
             return outcome
 
     def _decide(
-        self, baseline: Listing, replacement_of: ExpectedFile | None, overwrite_agreed: bool
+        self, baseline: Listing, replacement: bool, replacement_of: ExpectedFile | None, overwrite_agreed: bool
     ) -> bool | Failed:
         """False: upload with the no-overwrite rename; True: overwrite by agreement; or Failed."""
         if not baseline.occupied:
             return False
-        if replacement_of is None:
+        if not replacement:
             # An original's name is unique to a delivery key nothing has published yet.
             return Failed(FailureCode.FINAL_NAME_OCCUPIED, "the final name already exists; uploaded nothing")
-        proof = baseline.proof_for(replacement_of)
+        # An original that never reached cutoff 2 recorded no expected file: nothing can identify
+        # the file as its delivery, so only an agreed overwrite may replace it.
+        proof = baseline.proof_for(replacement_of) if replacement_of is not None else Proof.NONE
         if proof.strong or (proof is Proof.NAME_AND_SIZE and self.config.name_and_size_identify):
             return Failed(
                 FailureCode.ORIGINAL_DELIVERED,

@@ -230,6 +230,7 @@ class ExportRunner:
                 destination = self.destination_for(decision.destination)
                 outcome = destination.deliver(
                     built.path, _to_destination(expected), attempt_id=str(attempt_id),
+                    replacement=job.replaces_job_id is not None,
                     replacement_of=_to_destination(original) if original else None,
                     overwrite_agreed=job.overwrite_agreement_ref is not None, record_evidence=record)
             except BaseException as exc:

@@ -277,6 +277,36 @@ def test_a_replacement_finding_a_different_file_without_agreement_ends_final_nam
     assert hash_peer.files() == {FINAL: different}
 
 
+def test_a_replacement_whose_original_recorded_no_expected_file_finding_a_file_ends_final_name_occupied(
+    peer: SftpPeer, tmp_path: Path
+) -> None:
+    unknown = os.urandom(SIZE)
+    (peer.inbox / FINAL).write_bytes(unknown)
+    local, expected = make_export(tmp_path)
+
+    outcome = peer.destination().deliver(
+        local, expected, attempt_id="att-r", replacement=True, record_evidence=Recorder(peer)
+    )
+
+    assert isinstance(outcome, Failed) and outcome.code is FailureCode.FINAL_NAME_OCCUPIED
+    assert peer.files() == {FINAL: unknown}
+
+
+def test_a_replacement_whose_original_recorded_no_expected_file_overwrites_only_by_agreement(
+    hash_peer: SftpPeer, tmp_path: Path
+) -> None:
+    (hash_peer.inbox / FINAL).write_bytes(os.urandom(SIZE))
+    local, expected = make_export(tmp_path)
+
+    outcome = hash_peer.destination().deliver(
+        local, expected, attempt_id="att-r", replacement=True, overwrite_agreed=True,
+        record_evidence=Recorder(hash_peer),
+    )
+
+    assert isinstance(outcome, Completed) and outcome.receipt.overwrote is True
+    assert hash_peer.files() == {FINAL: local.read_bytes()}
+
+
 def test_an_agreed_overwrite_of_a_same_size_rebuild_completes_on_a_matching_hash(
     hash_peer: SftpPeer, tmp_path: Path
 ) -> None:
