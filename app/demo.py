@@ -193,7 +193,9 @@ class Demo:
         if proc is None or proc.process.poll() is not None:
             return
         try:
-            os.killpg(proc.process.pid, sig)
+            # The process, not its group: dramatiq forwards SIGTERM to its workers, and a worker that
+            # gets a second one kills itself mid-export.
+            proc.process.send_signal(sig)
             proc.process.wait(embedded.STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
             os.killpg(proc.process.pid, signal.SIGKILL)
@@ -549,10 +551,7 @@ def stop_kept(ctx: Context) -> int:
     state = json.loads(path.read_text())
     for name, pid in state.get("pids", {}).items():
         if _alive(pid):
-            try:
-                os.killpg(pid, signal.SIGINT if name == "relay" else signal.SIGTERM)
-            except OSError:
-                os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT if name == "relay" else signal.SIGTERM)
             say(f"  {name} (pid {pid}) signaled")
     deadline = time.monotonic() + embedded.STOP_TIMEOUT
     while time.monotonic() < deadline and any(_alive(p) for p in state.get("pids", {}).values()):
