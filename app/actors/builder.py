@@ -23,27 +23,16 @@ from typing import Callable
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
 
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
 from app.store.database import connect
+from app.store.queries import QUERIES
 from app.store.types import Role
 
 log = logging.getLogger(__name__)
 
 APPLICATION_NAME = "exports-builder"
-
-#: The export's columns, in order; the header row names them.
-COLUMNS = ("email", "full_name", "company", "phone")
-
-#: COPY cannot take server-side parameters: the tenant id is bound client-side by psycopg (a quoted
-#: literal, never concatenated by hand).
-COPY_CONSENTING_CONTACTS = sql.SQL(
-    "COPY (SELECT email, full_name, company, phone FROM contacts"
-    " WHERE tenant_id = {tenant_id} AND consent ORDER BY id)"
-    " TO STDOUT WITH (FORMAT csv, HEADER true, ENCODING 'UTF8')")
-
 
 class BuildStopped(Exception):
     """Raised when the attempt's stop signal ended the build; the partial file is already removed."""
@@ -130,7 +119,7 @@ class ContactsBuilder:
             unregister = stop.on_set(lambda _reason: _cancel(conn))
             try:
                 with partial.open("xb") as out, conn.cursor() as cur:
-                    with cur.copy(COPY_CONSENTING_CONTACTS.format(tenant_id=sql.Literal(str(tenant_id)))) as copy:
+                    with cur.copy(QUERIES["builder_copy_consenting_contacts"], dict(tenant_id=tenant_id)) as copy:
                         for block in copy:
                             self._check(stop)
                             data = bytes(block)

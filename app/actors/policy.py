@@ -18,30 +18,10 @@ from uuid import UUID
 import psycopg
 
 from app.actors.destination import DestinationConfig, DestinationError
+from app.store.queries import QUERIES
 from app.store.types import ExpectedFile, Status
 
 log = logging.getLogger(__name__)
-
-#: The job as the worker needs it: the hint is re-read from the row, never taken from the message.
-READ_JOB = """
-SELECT id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id, overwrite_agreement_ref
-FROM export_jobs WHERE id = %(job_id)s
-"""
-
-#: The job's destination, only if it belongs to the job's tenant.
-READ_DESTINATION = """
-SELECT id, tenant_id, host, port, username, remote_dir, host_key, credential_ref, remote_hash,
-       acknowledgments, name_and_size_identify, read_back, active
-FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s
-"""
-
-#: A replacement's original, as cutoff 2 recorded it: what a file under the shared final name must
-#: match to be identified as the original's delivery.
-READ_ORIGINAL_EXPECTED = """
-SELECT expected_file_name, expected_file_bytes, expected_file_sha256
-FROM export_jobs WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s
-"""
-
 
 @dataclass(frozen=True)
 class JobView:
@@ -81,7 +61,7 @@ class Decision:
 
 
 def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
-    row = conn.execute(READ_JOB, dict(job_id=job_id)).fetchone()
+    row = conn.execute(QUERIES["worker_read_job"], dict(job_id=job_id)).fetchone()
     if row is None:
         return None
     return JobView(id=row["id"], tenant_id=row["tenant_id"], status=Status(row["status"]), version=row["version"],
@@ -94,7 +74,7 @@ def read_original_expected(conn: psycopg.Connection, job: JobView) -> ExpectedFi
     cutoff 2 (then nothing can identify a file as its delivery)."""
     if job.replaces_job_id is None:
         return None
-    row = conn.execute(READ_ORIGINAL_EXPECTED, dict(tenant_id=job.tenant_id,
+    row = conn.execute(QUERIES["worker_read_original_expected"], dict(tenant_id=job.tenant_id,
                                                     original_job_id=job.replaces_job_id)).fetchone()
     if row is None or row["expected_file_name"] is None or row["expected_file_sha256"] is None:
         return None
@@ -105,7 +85,7 @@ class ExportPolicy:
     """Side-effect free: reads on the caller's connection and returns a decision."""
 
     def evaluate(self, conn: psycopg.Connection, job: JobView) -> Decision:
-        row = conn.execute(READ_DESTINATION, dict(tenant_id=job.tenant_id,
+        row = conn.execute(QUERIES["worker_read_destination"], dict(tenant_id=job.tenant_id,
                                                   destination_id=job.destination_id)).fetchone()
         if row is None:
             return Decision(Refusal.DESTINATION_MISSING)

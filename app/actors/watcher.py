@@ -22,6 +22,7 @@ import psycopg
 
 from app.actors.stop import StopReason, StopSignal
 from app.store.database import connect
+from app.store.queries import QUERIES
 from app.store.types import Role
 
 log = logging.getLogger(__name__)
@@ -32,16 +33,6 @@ TICK_SECONDS = 0.1
 #: Seconds between attempts to reconnect after the watcher's connection failed.
 RECONNECT_SECONDS = 1.0
 APPLICATION_NAME = "exports-watcher"
-
-#: Which of the watched attempts have a recorded stop request, confirmed on the row itself.
-CONFIRM_STOPS = """
-SELECT j.id
-FROM export_jobs j
-JOIN unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS w (job_id, attempt_id)
-  ON j.id = w.job_id AND j.attempt_id = w.attempt_id
-WHERE j.status = 'Running' AND j.stop_request_id IS NOT NULL
-"""
-
 
 @dataclass(frozen=True)
 class _Watched:
@@ -165,7 +156,7 @@ class StopWatcher:
                        if (job_ids is None or job_id in job_ids) and not w.stop.is_set()}
         if not targets:
             return
-        rows = conn.execute(CONFIRM_STOPS, dict(
+        rows = conn.execute(QUERIES["watcher_confirm_stops"], dict(
             job_ids=list(targets), attempt_ids=[w.attempt_id for w in targets.values()])).fetchall()
         for row in rows:
             watched = targets[row["id"]]
