@@ -188,10 +188,10 @@ class Demo:
         self.procs[name] = Proc(name, process, log)
         return self.procs[name]
 
-    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> int | None:
         proc = self.procs.pop(name, None)
         if proc is None or proc.process.poll() is not None:
-            return
+            return proc.process.returncode if proc else None
         try:
             # The process, not its group: dramatiq forwards SIGTERM to its workers, and a worker that
             # gets a second one kills itself mid-export.
@@ -202,6 +202,7 @@ class Demo:
             proc.process.wait(embedded.STOP_TIMEOUT)
         except ProcessLookupError:
             pass
+        return proc.process.returncode
 
     # -- reading the system ---------------------------------------------------------------------------
 
@@ -462,8 +463,8 @@ class Demo:
         if self.gate is not None:
             self.gate.close()
         for name in list(self.procs):
-            self.stop(name, signal.SIGINT if name == "relay" else signal.SIGTERM)
-            say(f"  {name} stopped")
+            code = self.stop(name, signal.SIGINT if name == "relay" else signal.SIGTERM)
+            say(f"  {name} stopped" + ("" if code == 0 else f" (exit code {code})"))
         if self.partner is not None:
             embedded.stop_process(self.partner.process)
             say("  partner SFTP server stopped")
