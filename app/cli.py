@@ -237,6 +237,10 @@ def build_parser() -> Parser:
     return parser
 
 
+#: Commands that run until stopped and log for themselves.
+LONG_RUNNING = (cli_processes.relay, cli_processes.scheduler, cli_processes.worker, cli_processes.demo)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -246,6 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         error(None, EXIT_BAD_INPUT, str(exc))
         return EXIT_BAD_INPUT
     ctx = Context(settings, json=getattr(args, "json", False))
+    if args.handler not in LONG_RUNNING:
+        # An operator script answers in one line; library log records would add lines of their own
+        # (long-running processes configure their logging themselves).
+        if os.environ.get("EXPORTS_DEBUG"):
+            logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        else:
+            logging.getLogger().addHandler(logging.NullHandler())
     try:
         return args.handler(ctx, args)
     except CliError as exc:
