@@ -8,7 +8,17 @@ import uuid
 from typing import assert_never
 
 from app import cli_lookup
-from app.cli_common import EXIT_BUSY, EXIT_OK, CliError, Context, not_found, refused
+from app.cli_common import (
+    EXIT_BAD_INPUT,
+    EXIT_BUSY,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    CliError,
+    Context,
+    not_found,
+    refused,
+)
 from app.cli_output import emit
 from app.store import cancellation, jobs, recovery
 from app.store.types import (
@@ -74,10 +84,10 @@ def cancel(ctx: Context, args: argparse.Namespace) -> int:
               "found_delivery_authorized_at": result.found_delivery_authorized_at})
         return EXIT_OK
     if reply is CancellationReply.NOT_FOUND:
-        raise CliError(3, f"no export {args.job} in tenant {tenant.name!r}; nothing recorded",
+        raise CliError(EXIT_NOT_FOUND, f"no export {args.job} in tenant {tenant.name!r}; nothing recorded",
                        request_id=str(request_id), reply=reply.value)
     if reply is CancellationReply.REQUEST_ID_REUSED:
-        raise CliError(4, f"request id {request_id} was already used for another export or operator; "
+        raise CliError(EXIT_REFUSED, f"request id {request_id} was already used for another export or operator; "
                           "nothing recorded", request_id=str(request_id), reply=reply.value)
     if reply is CancellationReply.BUSY:
         raise CliError(EXIT_BUSY, f"busy: export {args.job} is locked; nothing recorded; retry with "
@@ -149,9 +159,9 @@ def reconcile(ctx: Context, args: argparse.Namespace) -> int:
 
 def correct(ctx: Context, args: argparse.Namespace) -> int:
     if args.to is Status.FAILED and args.failure_reason is None:
-        raise CliError(2, "--to Failed needs --failure-reason")
+        raise CliError(EXIT_BAD_INPUT, "--to Failed needs --failure-reason")
     if args.to is not Status.FAILED and args.failure_reason is not None:
-        raise CliError(2, "--failure-reason goes only with --to Failed")
+        raise CliError(EXIT_BAD_INPUT, "--failure-reason goes only with --to Failed")
     ctx.models()
     tenant = cli_lookup.tenant(args.tenant)
     cli_lookup.require_grant(args.by, tenant, reconciliation=True)

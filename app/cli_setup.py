@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from app import cli_contacts, cli_lookup
 from app.cli_common import EXIT_OK, Context, bad_input, not_found, printable, refused
 from app.cli_output import emit
-from app.store import directory
+from app.store import directory, models
 from app.store.migrate import migrate
 
 if TYPE_CHECKING:
@@ -129,7 +129,8 @@ def operator_grant(ctx: Context, args: argparse.Namespace) -> int:
     if result is directory.GrantResult.UNKNOWN_TENANT:
         raise not_found(f"no tenant {tenant.id}")
     if result is directory.GrantResult.ALREADY_GRANTED:
-        existing = cli_lookup.require_grant(args.operator, tenant)
+        existing = models.OperatorAccess.get(
+            (models.OperatorAccess.operator_id == args.operator) & (models.OperatorAccess.tenant_id == tenant.id))
         if existing.reconciliation != args.reconciliation:
             raise refused(f"operator {args.operator!r} is already granted for tenant {tenant.name!r} with "
                           f"reconciliation={'yes' if existing.reconciliation else 'no'}; nothing changed")

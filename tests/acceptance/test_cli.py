@@ -143,6 +143,16 @@ def test_operator_grant_lets_the_operator_act_for_the_tenant(exports_cli, admin,
     assert admin.execute("SELECT created_by FROM export_jobs").fetchall() == [{"created_by": "carol"}]
 
 
+def test_a_repeated_grant_changes_nothing_and_a_different_one_is_refused(exports_cli, admin, tenant):
+    before = snapshot(admin)
+    assert exports_cli("operator", "grant", "--operator", "alice", "--tenant", "Initech", "--json").json["result"] == \
+        "AlreadyGranted"
+    widened = exports_cli("operator", "grant", "--operator", "alice", "--tenant", "Initech", "--reconciliation",
+                          expect=EXIT_REFUSED)
+    one_line_error(widened)
+    assert snapshot(admin) == before
+
+
 def test_contacts_import_loads_every_row_of_the_file(exports_cli, admin, tenant, tmp_path):
     path = tmp_path / "contacts.csv"
     path.write_text("email,full_name,company,phone,consent\n"
