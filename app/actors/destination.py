@@ -58,6 +58,7 @@ from app.actors.classifier import (
     classify,
     describe,
 )
+from app.store.types import ExpectedFile  # the expected file is the store's: what cutoff 2 records
 
 __all__ = [
     "Completed",
@@ -210,28 +211,6 @@ def temp_name(final_name: str, attempt_id: str) -> str:
 def ack_name(final_name: str) -> str:
     """The partner's acknowledgment file for a final name."""
     return final_name + ACK_SUFFIX
-
-
-@dataclass(frozen=True)
-class ExpectedFile:
-    """The file recorded at cutoff 2: what the final name must hold for the delivery to count."""
-
-    name: str
-    size: int
-    sha256: bytes = field(repr=False)
-
-    def __post_init__(self) -> None:
-        if len(self.sha256) != 32:
-            raise ValueError("sha256 must be a 32-byte digest")
-        if self.size < 0:
-            raise ValueError("size must not be negative")
-
-    @property
-    def sha256_hex(self) -> str:
-        return self.sha256.hex()
-
-    def __repr__(self) -> str:
-        return f"ExpectedFile(name={self.name!r}, size={self.size}, sha256={self.sha256.hex()[:16]}...)"
 
 
 class Proof(enum.Enum):

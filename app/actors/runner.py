@@ -229,9 +229,9 @@ class ExportRunner:
                     original = read_original_expected(conn, job)
                 destination = self.destination_for(decision.destination)
                 outcome = destination.deliver(
-                    built.path, _to_destination(expected), attempt_id=str(attempt_id),
+                    built.path, expected, attempt_id=str(attempt_id),
                     replacement=job.replaces_job_id is not None,
-                    replacement_of=_to_destination(original) if original else None,
+                    replacement_of=original,
                     overwrite_agreed=job.overwrite_agreement_ref is not None, record_evidence=record)
             except BaseException as exc:
                 # Failed only when the error proves the final name was never written; here it cannot.
@@ -261,10 +261,6 @@ class ExportRunner:
             if not jobs.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
                                         detail=detail):
                 raise RuntimeError("delivery evidence was not appended")
-
-
-def _to_destination(expected: ExpectedFile) -> dest.ExpectedFile:
-    return dest.ExpectedFile(name=expected.name, size=expected.size, sha256=expected.sha256)
 
 
 def _terminal(outcome: dest.DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None]:

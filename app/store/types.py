@@ -120,11 +120,25 @@ class Ownership:
 
 @dataclass(frozen=True)
 class ExpectedFile:
-    """What cutoff 2 records: the file the attempt is authorized to deliver."""
+    """What cutoff 2 records: the file the attempt is authorized to deliver, and what the final name
+    must hold for the delivery to count."""
 
     name: str
     size: int
     sha256: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.sha256) != 32:
+            raise ValueError("sha256 must be a 32-byte digest")
+        if self.size < 0:
+            raise ValueError("size must not be negative")
+
+    @property
+    def sha256_hex(self) -> str:
+        return self.sha256.hex()
+
+    def __repr__(self) -> str:
+        return f"ExpectedFile(name={self.name!r}, size={self.size}, sha256={self.sha256.hex()[:16]}...)"
 
 
 @dataclass(frozen=True)
