@@ -67,6 +67,16 @@ class RunResult:
     delivery: Status | None = None
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What an attempt past cutoff 2 delivers: the built file, what cutoff 2 recorded, and for a
+    replacement the original's expected file (None if the original never reached cutoff 2)."""
+
+    built: BuiltFile
+    expected: ExpectedFile
+    original: ExpectedFile | None
+
+
 def worker_identity() -> str:
     """hostname:pid:thread, so an operator can find the process and thread behind an attempt."""
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
@@ -147,7 +157,7 @@ class ExportRunner:
     # --- before cutoff 2: reversible ------------------------------------------------------------------
 
     def _prepare(self, job: JobView, decision: Decision, attempt_id: UUID, worker_id: str,
-                 keeper: LeaseKeeper, stop: StopSignal) -> tuple[BuiltFile, ExpectedFile] | RunResult:
+                 keeper: LeaseKeeper, stop: StopSignal) -> Prepared | RunResult:
         """The file and what cutoff 2 recorded, only if cutoff 2 is confirmed; otherwise records why
         not where it may, and answers how the run ended."""
         built: BuiltFile | None = None
@@ -158,6 +168,10 @@ class ExportRunner:
             if stop.reason is StopReason.LEASE_LOST:
                 raise BuildStopped(StopReason.LEASE_LOST)   # a takeover committed: stop at once
             expected = ExpectedFile(jobs.final_name(job.delivery_key), built.size, built.sha256)
+            # Read while still reversible: past cutoff 2 a failed read could only end OutcomeUnknown.
+            # The original ended before this replacement was created, so its expected file is final.
+            with self.db.connection() as conn:
+                original = read_original_expected(conn, job)
 
             # Cutoff 2. This write, not the watcher, guarantees a stop request committed first wins.
             cutoff = self._authorize(job, attempt_id, expected)
@@ -168,7 +182,7 @@ class ExportRunner:
             match cutoff:
                 case AuthorizationResult.AUTHORIZED:
                     log.info("runner.authorized job_id=%s attempt_id=%s size=%s", job.id, attempt_id, built.size)
-                    return built, expected
+                    return Prepared(built, expected, original)
                 case AuthorizationResult.STOP_RECORDED:
                     write = jobs.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id,
                                                 worker_id=worker_id, stop_point="BeforeDelivery")
@@ -213,8 +227,8 @@ class ExportRunner:
     # --- past cutoff 2: the upload is made safe to interrupt, not cancellable ---------------------
 
     def _deliver(self, job: JobView, decision: Decision, attempt_id: UUID, worker_id: str,
-                 prepared: tuple[BuiltFile, ExpectedFile], keeper: LeaseKeeper) -> RunResult:
-        built, expected = prepared
+                 prepared: Prepared, keeper: LeaseKeeper) -> RunResult:
+        built, expected = prepared.built, prepared.expected
         observed_by = f"{worker_id}/{attempt_id}"
 
         def record(evidence: dest.Evidence) -> None:
@@ -225,13 +239,11 @@ class ExportRunner:
         interrupted: BaseException | None = None
         try:
             try:
-                with self.db.connection() as conn:
-                    original = read_original_expected(conn, job)
                 destination = self.destination_for(decision.destination)
                 outcome = destination.deliver(
                     built.path, expected, attempt_id=str(attempt_id),
                     replacement=job.replaces_job_id is not None,
-                    replacement_of=original,
+                    replacement_of=prepared.original,
                     overwrite_agreed=job.overwrite_agreement_ref is not None, record_evidence=record)
             except BaseException as exc:
                 # Failed only when the error proves the final name was never written; here it cannot.
