@@ -132,16 +132,26 @@ def read_ownership(conn: psycopg.Connection, *, job_id: UUID) -> Ownership | Non
     )
 
 
-def _reread(db: Database, job_id: UUID) -> Ownership | None:
-    """Raises when the database does not answer in time; the callers turn that into Unknown."""
-    with db.connection(timeout=REREAD_TIMEOUT_SECONDS) as conn:
-        # SET takes no bind parameters; set_config does.
-        conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{REREAD_TIMEOUT_SECONDS}s",))
-        try:
-            return read_ownership(conn, job_id=job_id)
-        finally:
-            if not conn.broken:
-                conn.execute("RESET statement_timeout")
+#: The re-read did not answer either: only recovery, later, can tell which side of the write we are on.
+_UNANSWERED = object()
+
+
+def _reread(db: Database, job_id: UUID):
+    """State and ownership on a fresh connection, bounded in time; ``_UNANSWERED`` when the database
+    does not answer (a shutdown must not hang here with the database unreachable)."""
+    try:
+        with db.connection(timeout=REREAD_TIMEOUT_SECONDS) as conn:
+            # SET takes no bind parameters; set_config does.
+            conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{REREAD_TIMEOUT_SECONDS}s",))
+            try:
+                return read_ownership(conn, job_id=job_id)
+            finally:
+                if not conn.broken:
+                    conn.execute("RESET statement_timeout")
+    except Exception as exc:
+        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
+            return _UNANSWERED
+        raise
 
 
 def _attempt(db: Database, statement: Callable[[psycopg.Connection], int]) -> int | None:
@@ -178,12 +188,9 @@ def claim(
         lease_seconds=lease_seconds))
     if inserted == 1:
         return ClaimResult.CLAIMED
-    try:
-        row = _reread(db, job_id)
-    except Exception as exc:
-        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
-            return ClaimResult.UNKNOWN
-        raise
+    row = _reread(db, job_id)
+    if row is _UNANSWERED:
+        return ClaimResult.UNKNOWN
     owned = row is not None and row.status is Status.RUNNING and row.attempt_id == attempt_id
     return ClaimResult.CLAIMED if owned else ClaimResult.LOST
 
@@ -210,12 +217,9 @@ def authorize_delivery(
         replaces_job_id=replaces_job_id))
     if inserted == 1:
         return AuthorizationResult.AUTHORIZED
-    try:
-        row = _reread(db, job_id)
-    except Exception as exc:
-        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
-            return AuthorizationResult.UNKNOWN
-        raise
+    row = _reread(db, job_id)
+    if row is _UNANSWERED:
+        return AuthorizationResult.UNKNOWN
     return classify_refusal(row, attempt_id)
 
 
@@ -275,12 +279,9 @@ def _confirm_terminal(db: Database, job_id: UUID, attempt_id: UUID, expected: St
     inserted = _attempt(db, write)
     if inserted == 1:
         return WriteResult.WRITTEN
-    try:
-        row = _reread(db, job_id)
-    except Exception as exc:
-        if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
-            return WriteResult.UNKNOWN
-        raise
+    row = _reread(db, job_id)
+    if row is _UNANSWERED:
+        return WriteResult.UNKNOWN
     if inserted is None and row is not None and row.attempt_id == attempt_id and row.status is expected:
         return WriteResult.WRITTEN
     return WriteResult.NOT_MATCHED
