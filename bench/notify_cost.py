@@ -1,0 +1,81 @@
+"""What the outbox's NOTIFY costs job creation, measured against the same creations without it.
+
+NOTIFY takes a global lock at commit, so design.md keeps it off the claim and renewal paths and asks
+for a measurement where it remains. The outbox insert trigger (tr_outbox_notify) fires on creation,
+terms edits, requeues and sweeps; this runs the real creation statement from several clients with
+the trigger enabled and disabled, alternating, in one run, and reports the ratio.
+
+    python -m bench.notify_cost [--clients 4] [--creations 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+
+from app.store import jobs
+from app.store.database import connect
+from app.store.types import Role
+from bench.claim_throughput import DEFAULT_URL, scratch
+
+
+def run(url: str, clients: int, creations: int, tenant: uuid.UUID, destination: uuid.UUID) -> float:
+    barrier = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        conn = connect(url, Role.APP)
+        barrier.wait()
+        for _ in range(creations):
+            result = jobs.create(conn, job_id=uuid.uuid4(), tenant_id=tenant, destination_id=destination,
+                                 delivery_key=uuid.uuid4().hex, created_by="bench")
+            assert result is jobs.CreateResult.CREATED
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return clients * creations / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--creations", type=int, default=1000, help="creations per client per run")
+    args = parser.parse_args()
+    base = os.environ.get("EXPORTS_BENCH_DATABASE_URL", DEFAULT_URL)
+    name = f"exports_bench_notify_{os.getpid()}"
+    url = scratch(base, name)
+    tenant, destination = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(url, autocommit=True) as owner:
+        owner.execute("INSERT INTO tenants (id, name) VALUES (%s, 'bench')", (tenant,))
+        owner.execute(
+            "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
+            " VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/', 'x', 'env:X')", (destination, tenant))
+        rates: dict[bool, float] = {True: 0.0, False: 0.0}
+        # Alternating and best-of-two, so neither side gains from the order.
+        for notify in (True, False, False, True):
+            owner.execute(sql.SQL("ALTER TABLE outbox {} TRIGGER tr_outbox_notify").format(
+                sql.SQL("ENABLE" if notify else "DISABLE")))
+            owner.execute("CHECKPOINT")
+            rates[notify] = max(rates[notify], run(url, args.clients, args.creations, tenant, destination))
+        owner.execute("ALTER TABLE outbox ENABLE TRIGGER tr_outbox_notify")
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    print(f"job creation: {args.clients} clients x {args.creations}")
+    print(f"  without the outbox NOTIFY (ceiling): {rates[False]:10.0f} creations/s")
+    print(f"  with it (as shipped):                {rates[True]:10.0f} creations/s")
+    print(f"  ratio with / without:                {rates[True] / rates[False]:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
