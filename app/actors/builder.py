@@ -73,7 +73,11 @@ def remove_quietly(path: Path) -> bool:
         return False
 
 
-#: Called after every block written (and once before the file is finished), with the stop signal.
+#: Bytes gathered from COPY before they are written, hashed and the stop is checked: memory stays
+#: bounded by this, and a stop is noticed within one chunk.
+CHUNK_BYTES = 256 * 1024
+
+#: Called after every chunk written (the last one too, so at least once per build), with the stop signal.
 #: Tests use it to hold a build at a known point; production passes none.
 Checkpoint = Callable[[StopSignal], None]
 
@@ -120,18 +124,15 @@ class ContactsBuilder:
             try:
                 with partial.open("xb") as out, conn.cursor() as cur:
                     with cur.copy(QUERIES["builder_copy_consenting_contacts"], dict(tenant_id=tenant_id)) as copy:
-                        for block in copy:
-                            self._check(stop)
-                            data = bytes(block)
-                            out.write(data)
-                            digest.update(data)
-                            size += len(data)
-                            lines += data.count(b"\n")
-                            if self.checkpoint is not None:
-                                self.checkpoint(stop)
-                                self._check(stop)
-                    if self.checkpoint is not None:
-                        self.checkpoint(stop)
+                        # libpq hands COPY out a row at a time: gather rows into chunks, so the file
+                        # write, the hash and the stop check run per chunk rather than per row.
+                        chunk = bytearray()
+                        for row in copy:
+                            chunk += row
+                            if len(chunk) < CHUNK_BYTES:
+                                continue
+                            size, lines = self._flush(chunk, out, digest, size, lines, stop)
+                        size, lines = self._flush(chunk, out, digest, size, lines, stop)
                     self._check(stop)
                     out.flush()
                     os.fsync(out.fileno())
@@ -140,6 +141,19 @@ class ContactsBuilder:
         # The header is one line; a quoted field may hold a newline, so this counts lines, not rows,
         # and is used for logs only.
         return size, digest.digest(), max(lines - 1, 0)
+
+    def _flush(self, chunk: bytearray, out, digest, size: int, lines: int, stop: StopSignal) -> tuple[int, int]:
+        """Writes and hashes one chunk, then checks the stop (and the tests' checkpoint)."""
+        self._check(stop)
+        out.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+        lines += chunk.count(b"\n")
+        chunk.clear()
+        if self.checkpoint is not None:
+            self.checkpoint(stop)
+            self._check(stop)
+        return size, lines
 
     @staticmethod
     def _check(stop: StopSignal) -> None:
