@@ -77,12 +77,25 @@ class Faults:
     occupy_before_rename: bytes | None = None
     #: Request kinds ("rename", "write", "stat", "open") whose next occurrence hangs until stop().
     hang_on: frozenset[str] = frozenset()
+    #: Request kinds whose next occurrence waits until ``resume`` is set, then proceeds normally: a
+    #: slow peer, for uploads that must outlast a lease.
+    hold_on: frozenset[str] = frozenset()
     cut: threading.Event = field(default_factory=threading.Event)
     rename_reply_dropped: threading.Event = field(default_factory=threading.Event)
     occupied: threading.Event = field(default_factory=threading.Event)
     hanging: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    held: threading.Event = field(default_factory=threading.Event)
+    resume: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hold(self, kind: str) -> None:
+        with self.lock:
+            if kind not in self.hold_on:
+                return
+            self.hold_on = self.hold_on - {kind}
+        self.held.set()
+        self.resume.wait()
 
     def take_hang(self, kind: str) -> bool:
         with self.lock:
@@ -283,6 +296,7 @@ class _SftpSubsystem(paramiko.SFTPServer):
                 self.embedded.hang()
                 self._cut()
                 return
+            faults.hold("write")
             with faults.lock:
                 limit = faults.cut_after_write_bytes
                 cut = limit is not None and self.written + size > limit

@@ -55,6 +55,35 @@ def test_a_build_that_outlasts_the_initial_lease_keeps_renewing_and_delivers_exa
     assert not keeper.lost and keeper.failures == 0
 
 
+def test_an_upload_that_outlasts_the_initial_lease_keeps_it_renewed_and_completes_without_a_takeover(worker):
+    job = worker.queued()
+    faults = worker.peer.server.faults
+    faults.hold_on = frozenset({"write"})   # the partner takes the first write and sits on it
+    runner = worker.runner(lease_seconds=1.5, renew_seconds=0.3)
+    run = Background(lambda: runner.run(job.id))
+    assert faults.held.wait(10)
+    assert worker.seed.status(job) is Status.DELIVERING
+    lease_at_upload = worker.seed.row(job)["lease_expires_at"]
+
+    keeper = runner.leases.keeper
+    renewed = keeper.renewals
+    wait_for(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past",
+                                          (lease_at_upload,)).fetchone()["past"],
+             "the lease held when the upload began to run out", timeout=5)
+    wait_for(lambda: keeper.renewals > renewed, "a renewal during the upload")
+    assert worker.seed.row(job)["lease_expires_at"] > lease_at_upload
+    assert job.id not in [a.job_id for a in recovery.scan_expired(worker.conn)]
+    faults.resume.set()
+    result = run.result()
+
+    assert (result.outcome, result.write, result.delivery) == (RunOutcome.DELIVERED, WriteResult.WRITTEN,
+                                                               Status.COMPLETED)
+    kinds = worker.seed.event_kinds(job)
+    assert "ResolvedByRecovery" not in kinds and kinds.count("Finished") == 1
+    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert not keeper.lost and keeper.failures == 0
+
+
 def test_a_worker_paused_past_its_lease_is_refused_at_cutoff_2_renews_and_then_delivers(worker):
     job = worker.queued()
     gate = Gate(on_reach=lambda: worker.seed.expire_lease(job))   # no scheduled renewal comes in time
