@@ -132,6 +132,51 @@ def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, 
     assert _row(admin, job_id)["stop_request_id"] is None
 
 
+def test_a_cancel_while_building_stops_the_export_and_no_file_is_ever_written(system, admin, db_url, embedded_sftp):
+    system.start_all()
+    _set_up(system, embedded_sftp)
+    holder = _hold_builds(db_url)
+    try:
+        job_id = _create(system)
+        _wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        answer = _cancel(system, job_id)
+        assert (answer["outcome"], answer["found_status"]) == ("StopRequested", "Running")
+        # The watcher cancels the build's query itself: the lock is never released before Stopped.
+        _wait_status(system, admin, job_id, "Stopped")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert _transitions(admin, job_id) == ["Claimed", "Stopped"]
+    assert embedded_sftp.files() == {}
+
+
+def test_an_export_edited_while_queued_is_delivered_to_the_new_destination(system, admin, embedded_sftp):
+    # No worker yet, so the export is still queued when the edit lands.
+    system.start_relay()
+    system.start_scheduler()
+    _set_up(system, embedded_sftp)
+    archive = Path(embedded_sftp.config.remote_dir).parent / "archive"
+    (embedded_sftp.inbox.parent / "archive").mkdir()
+    key = embedded_sftp.config.host_key
+    system.cli("destination", "add", "--tenant", TENANT, "--name", "archive", "--host", "127.0.0.1", "--port",
+               str(embedded_sftp.config.port), "--username", embedded_sftp.config.username, "--remote-dir",
+               str(archive), "--credential-ref", embedded_sftp.config.credential_ref, "--host-key", key)
+    job_id = _create(system)
+    edited = system.cli("edit", job_id, "--tenant", TENANT, "--destination", "archive", "--expected-version", "1",
+                        "--by", OPERATOR, "--json").json
+    assert edited["version"] == 2
+    system.start_worker()
+    system.start_worker()
+    _wait_status(system, admin, job_id, "Completed")
+    row = _row(admin, job_id)
+    assert row["version"] == 2
+    assert embedded_sftp.files() == {}
+    delivered = (embedded_sftp.inbox.parent / "archive" / final_name(row["delivery_key"])).read_bytes()
+    assert hashlib.sha256(delivered).digest() == bytes(row["expected_file_sha256"])
+    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+
+
 def test_a_lost_wake_up_is_republished_by_the_sweeper_and_the_export_completes(system, admin, embedded_sftp):
     system.start_relay()
     system.start_scheduler()
