@@ -216,6 +216,34 @@ def test_a_worker_killed_mid_build_is_recovered_and_the_export_is_delivered_exac
     _assert_delivered_once(admin, embedded_sftp, job_id)
 
 
+def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_delivers_once(
+        system, admin, embedded_sftp):
+    gate = Gate(embedded_sftp.config.port)
+    try:
+        system.start_all()
+        _set_up(system, embedded_sftp, via_port=gate.port)
+        job_id = _create(system)
+        # Past cutoff 2, its connection to the partner held at the gate: nothing has been sent.
+        _wait_status(system, admin, job_id, "Delivering")
+        pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
+        os.kill(pid, signal.SIGKILL)
+        gate.open()
+        # Recovery cannot tell whether the dead attempt uploaded: an absent file is no proof of failure.
+        _wait_status(system, admin, job_id, "OutcomeUnknown")
+        assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
+        assert embedded_sftp.files() == {}
+
+        replacement = system.cli("replace", job_id, "--tenant", TENANT, "--by", OPERATOR, "--reason",
+                                 "the partner confirmed nothing arrived", "--json").json["job_id"]
+        _wait_status(system, admin, replacement, "Completed")
+    finally:
+        gate.close()
+    row = _row(admin, replacement)
+    assert (str(row["replaces_job_id"]), row["delivery_key"]) == (job_id, _row(admin, job_id)["delivery_key"])
+    assert _status(admin, job_id) == "OutcomeUnknown"
+    _assert_delivered_once(admin, embedded_sftp, replacement)
+
+
 @pytest.mark.rabbitmq
 def test_on_rabbitmq_an_export_created_with_the_command_completes(rabbitmq_system, admin, embedded_sftp):
     rabbitmq_system.start_all()
