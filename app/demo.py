@@ -481,7 +481,7 @@ class Demo:
         say("  Use the operator scripts against it from another shell:")
         say(f"    export EXPORTS_DATABASE_URL={shlex.quote(self.url)}")
         say(f"    export EXPORTS_STATE_DIR={shlex.quote(str(self.ctx.settings.state_dir))}")
-        say(f"    exports watch")
+        say("    exports watch")
         say(f"    exports create --tenant {shlex.quote(TENANT)} --destination partner --by {OPERATOR}")
         say(f"    exports list --tenant {shlex.quote(TENANT)}")
         say("  ('partner-slow-link' went away with this command; 'partner' and 'partner-archive' remain.)")

@@ -19,13 +19,12 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from app.actors.builder import ContactsBuilder
 from app.actors.policy import Scope
 from app.actors.stop import StopSignal
-from bench.claim_throughput import DEFAULT_URL, scratch
+from bench._scratch import base_url, create, drop
 
 
 def seed(conn: psycopg.Connection, count: int) -> uuid.UUID:
@@ -69,10 +68,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contacts", type=int, default=20000, help="the smaller size; the larger is ten times it")
     args = parser.parse_args()
-    base = os.environ.get("EXPORTS_BENCH_DATABASE_URL", DEFAULT_URL)
+    base = base_url()
     name = f"exports_bench_build_{os.getpid()}"
-    url = scratch(base, name)
-    print(f"builder vs psql \\copy of the same query (best of 2 each):")
+    url = create(base, name)
+    print("builder vs psql \\copy of the same query (best of 2 each):")
     with psycopg.connect(url, autocommit=True) as owner, tempfile.TemporaryDirectory() as tmp:
         work_dir = Path(tmp)
         for count in (args.contacts, args.contacts * 10):
@@ -82,8 +81,7 @@ def main() -> None:
             ceiling = min(psql_copy(url, work_dir, tenant) for _ in range(2))
             print(f"  {count:>8} contacts, {size / 1e6:6.1f} MB: builder {elapsed:6.2f} s, psql {ceiling:6.2f} s,"
                   f" ratio {ceiling / elapsed:4.2f}; builder peak Python memory {peak / 1024:7.0f} KiB")
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    drop(base, name)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,13 @@ import time
 import uuid
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from app.store import jobs
 from app.store.database import connect
-from app.store.migrate import migrate
 from app.store.queries import QUERIES
 from app.store.types import Role
-
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-
+from bench._scratch import base_url, create, drop, tenant_with_destination
 
 def job_id(client: int, i: int) -> uuid.UUID:
     return uuid.UUID(hashlib.md5(f"c{client}-{i}".encode()).hexdigest())
@@ -42,11 +38,7 @@ def job_id(client: int, i: int) -> uuid.UUID:
 def seed(url: str, clients: int, claims: int) -> None:
     """Queued jobs whose ids both sides can compute: md5('c<client>-<i>')."""
     with psycopg.connect(url, autocommit=True) as conn:
-        tenant, dest = uuid.uuid4(), uuid.uuid4()
-        conn.execute("INSERT INTO tenants (id, name) VALUES (%s, 'bench')", (tenant,))
-        conn.execute(
-            "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
-            " VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/', 'x', 'env:X')", (dest, tenant))
+        tenant, dest = tenant_with_destination(conn)
         with conn.transaction():
             conn.execute("SET CONSTRAINTS ALL DEFERRED")
             conn.execute(
@@ -119,21 +111,12 @@ def run_store(url: str, clients: int, claims: int) -> float:
     return clients * claims / elapsed
 
 
-def scratch(url: str, name: str):
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    scratch_url = make_conninfo(url, dbname=name)
-    migrate(scratch_url)
-    return scratch_url
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--claims", type=int, default=2000, help="claims per client")
     args = parser.parse_args()
-    base = os.environ.get("EXPORTS_BENCH_DATABASE_URL", DEFAULT_URL)
+    base = base_url()
     name = f"exports_bench_{os.getpid()}"
 
     # Each side runs twice on a freshly seeded database, in alternating order, and keeps its best run,
@@ -141,7 +124,7 @@ def main() -> None:
     ceiling = store = 0.0
     for first, second in ((run_pgbench, run_store), (run_store, run_pgbench)):
         for run in (first, second):
-            url = scratch(base, name)
+            url = create(base, name)
             seed(url, args.clients, args.claims)
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("CHECKPOINT")
@@ -150,8 +133,7 @@ def main() -> None:
                 ceiling = max(ceiling, rate)
             else:
                 store = max(store, rate)
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    drop(base, name)
     print(f"claims: {args.clients} clients x {args.claims}")
     print(f"  pgbench, same statement (ceiling): {ceiling:10.0f} claims/s")
     print(f"  app.store.jobs.try_claim:          {store:10.0f} claims/s")

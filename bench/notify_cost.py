@@ -22,7 +22,7 @@ from psycopg import sql
 from app.store import jobs
 from app.store.database import connect
 from app.store.types import Role
-from bench.claim_throughput import DEFAULT_URL, scratch
+from bench._scratch import base_url, create, drop, tenant_with_destination
 
 
 def run(url: str, clients: int, creations: int, tenant: uuid.UUID, destination: uuid.UUID) -> float:
@@ -52,15 +52,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--creations", type=int, default=1000, help="creations per client per run")
     args = parser.parse_args()
-    base = os.environ.get("EXPORTS_BENCH_DATABASE_URL", DEFAULT_URL)
+    base = base_url()
     name = f"exports_bench_notify_{os.getpid()}"
-    url = scratch(base, name)
-    tenant, destination = uuid.uuid4(), uuid.uuid4()
+    url = create(base, name)
     with psycopg.connect(url, autocommit=True) as owner:
-        owner.execute("INSERT INTO tenants (id, name) VALUES (%s, 'bench')", (tenant,))
-        owner.execute(
-            "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
-            " VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/', 'x', 'env:X')", (destination, tenant))
+        tenant, destination = tenant_with_destination(owner)
         rates: dict[bool, float] = {True: 0.0, False: 0.0}
         # Alternating and best-of-two, so neither side gains from the order.
         for notify in (True, False, False, True):
@@ -69,8 +65,7 @@ def main() -> None:
             owner.execute("CHECKPOINT")
             rates[notify] = max(rates[notify], run(url, args.clients, args.creations, tenant, destination))
         owner.execute("ALTER TABLE outbox ENABLE TRIGGER tr_outbox_notify")
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    drop(base, name)
     print(f"job creation: {args.clients} clients x {args.creations}")
     print(f"  without the outbox NOTIFY (ceiling): {rates[False]:10.0f} creations/s")
     print(f"  with it (as shipped):                {rates[True]:10.0f} creations/s")

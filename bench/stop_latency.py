@@ -17,7 +17,6 @@ that is not reachable) and a scratch database there, dropped at the end. Exits 1
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -27,8 +26,6 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from app.actors.builder import ContactsBuilder
 from app.actors.lease import Leases, new_scheduler
@@ -39,16 +36,15 @@ from app.actors.watcher import StopWatcher
 from app.config import Settings
 from app.store import cancellation, jobs
 from app.store.database import Database, connect
-from app.store.migrate import migrate
 from app.store.types import Role
+from bench._scratch import base_url, create, drop, tenant_with_destination
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: The requirement, in seconds.
 P99_LIMIT_SECONDS = 1.0
 
 
 def server_url() -> tuple[str, object | None]:
-    url = os.environ.get("EXPORTS_BENCH_DATABASE_URL") or DEFAULT_URL
+    url = base_url()
     try:
         psycopg.connect(url, connect_timeout=3).close()
         return url, None
@@ -107,12 +103,7 @@ class HoldUntilStopped:
 def stop_latencies(url: str, runs: int, work_dir: Path) -> list[float]:
     settings = Settings()
     conn = connect(url, Role.APP)
-    tenant_id, destination_id = uuid.uuid4(), uuid.uuid4()
-    conn.execute("INSERT INTO tenants (id, name) VALUES (%s, 'bench')", (tenant_id,))
-    conn.execute(
-        "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
-        " VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/inbox', %s, 'env:X')",
-        (destination_id, tenant_id, host_key_line()))
+    tenant_id, destination_id = tenant_with_destination(conn, host_key=host_key_line())
     conn.execute("INSERT INTO contacts (tenant_id, email, full_name, consent)"
                  " SELECT %s, 'c' || i || '@example.com', 'C ' || i, true FROM generate_series(1, 1000) i",
                  (tenant_id,))
@@ -159,17 +150,13 @@ def main() -> int:
 
     url, server = server_url()
     name = f"exports_bench_stop_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    scratch = make_conninfo(url, dbname=name)
+    scratch = create(url, name)
     try:
-        migrate(scratch)
         with tempfile.TemporaryDirectory(prefix="exports-bench-work-") as work_dir:
             ceiling = notify_round_trips(scratch, args.runs)
             stops = stop_latencies(scratch, args.runs, Path(work_dir))
     finally:
-        with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop(url, name)
         if server is not None:
             server.cleanup()
 
