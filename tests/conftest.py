@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from app.store.database import Database, connect
 from app.store.migrate import migrate
