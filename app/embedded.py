@@ -24,12 +24,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-from psycopg import errors as pg
-from psycopg import sql
-
 from app.config import Settings
-from app.store.migrate import migrate
+from app.store.migrate import create_database, migrate
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +56,7 @@ def _server(settings: Settings):
 def database_url(settings: Settings, database: str = DATABASE) -> str:
     """The embedded database's owner URL, the server started and the schema applied if need be."""
     server = _server(settings)
-    admin_url = server.get_uri()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
-        if not exists:
-            try:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-            except pg.DuplicateDatabase:
-                pass   # another process created it first
+    create_database(server.get_uri(), database)
     url = server.get_uri(database)
     migrate(url)
     return url
@@ -198,7 +187,7 @@ def client_key(directory: Path) -> tuple[Path, Path]:
 
 
 def start_partner(settings: Settings, *, port: int = 0, log_file: Path | None = None) -> Partner:
-    """Starts ``python -m app.sftp_server`` on 127.0.0.1 with a persistent host key, authorizing the
+    """Starts ``python -m app.devtools.sftp_server`` on 127.0.0.1 with a persistent host key, authorizing the
     exporter's key; returns once the server has printed its host key line."""
     base = settings.state_dir / "partner"
     root, keys = partner_root(settings), base / "keys"
@@ -206,7 +195,7 @@ def start_partner(settings: Settings, *, port: int = 0, log_file: Path | None = 
     private, public = client_key(keys)
     log_handle = open(log_file or base / "sftp.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.sftp_server", "--root", str(root), "--port", str(port),
+        [sys.executable, "-m", "app.devtools.sftp_server", "--root", str(root), "--port", str(port),
          "--key-dir", str(base / "host-keys"), "--username", "partner", "--authorized-key", str(public)],
         stdout=subprocess.PIPE, stderr=log_handle, stdin=subprocess.DEVNULL, start_new_session=True)
     log_handle.close()

@@ -29,9 +29,9 @@ import dramatiq
 import psycopg
 
 from app.config import Settings
-from app.store import errors, outbox
+from app.store import connector, errors
 from app.store.database import Database, connect
-from app.store.outbox import OutboxMessage
+from app.store.relay import OutboxMessage, claim_batch, mark_published
 from app.store.types import Role
 
 if TYPE_CHECKING:
@@ -103,10 +103,10 @@ class Relay:
 
     def _pass(self) -> RelayPass:
         with self.db.connection() as conn, conn.transaction():
-            rows = outbox.claim_batch(conn, batch_size=self.settings.relay_batch_size)
+            rows = claim_batch(conn, batch_size=self.settings.relay_batch_size)
             published, broker_failed = self._publish(rows)
             if published:
-                marked = outbox.mark_published(conn, message_ids=published)
+                marked = mark_published(conn, message_ids=published)
                 if marked != len(published):
                     # Impossible while this transaction holds the rows' locks. Roll back: the rows
                     # are republished with the same ids, which the worker deduplicates.
@@ -179,7 +179,7 @@ class Relay:
         self.listening.clear()
         try:
             conn = connect(self.db.url, Role.DISPATCHER, application_name="exports-relay-listen")
-            conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
+            connector.listen(conn, OUTBOX_CHANNEL)
         except Exception as exc:
             # Without a listener the poll interval still drains the outbox.
             log.warning("relay.listen_failed error=%s", type(exc).__name__, extra={"error": type(exc).__name__})

@@ -25,9 +25,8 @@ import uuid
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from app.store import jobs
+from app.store import connector, export
 from app.store.database import connect
-from app.store.queries import QUERIES
 from app.store.types import Role
 from bench._scratch import base_url, create, drop, tenant_with_destination
 
@@ -56,7 +55,7 @@ def seed(url: str, clients: int, claims: int) -> None:
 
 def pgbench_script() -> str:
     """The claim statement with pgbench variables in place of psycopg parameters."""
-    statement = QUERIES["export_claim"]
+    statement = connector.text("export_claim")
     replacements = {
         "job_id": "md5('c' || :client_id || '-' || :i)::uuid",
         "checked_version": "1",
@@ -95,7 +94,7 @@ def run_store(url: str, clients: int, claims: int) -> float:
         conn = connect(url, Role.APP)
         barrier.wait()
         for i in range(1, claims + 1):
-            claimed[c] += jobs.try_claim(conn, job_id=job_id(c, i), checked_version=1, attempt_id=uuid.uuid4(),
+            claimed[c] += export.try_claim(conn, job_id=job_id(c, i), checked_version=1, attempt_id=uuid.uuid4(),
                                          worker_id="bench", lease_seconds=60)
         conn.close()
 
@@ -136,7 +135,7 @@ def main() -> None:
     drop(base, name)
     print(f"claims: {args.clients} clients x {args.claims}")
     print(f"  pgbench, same statement (ceiling): {ceiling:10.0f} claims/s")
-    print(f"  app.store.jobs.try_claim:          {store:10.0f} claims/s")
+    print(f"  app.store.export.try_claim:          {store:10.0f} claims/s")
     print(f"  ratio store / ceiling:             {store / ceiling:10.2f}")
 
 

@@ -34,7 +34,7 @@ from app.actors.runner import ExportRunner, RunOutcome
 from app.actors.stop import StopSignal
 from app.actors.watcher import StopWatcher
 from app.config import Settings
-from app.store import cancellation, jobs
+from app.store import cancellation, export
 from app.store.database import Database, connect
 from app.store.types import Role
 from bench._scratch import base_url, create, drop, tenant_with_destination
@@ -121,8 +121,8 @@ def stop_latencies(url: str, runs: int, work_dir: Path) -> list[float]:
                                   scheduler=scheduler),
                     watcher=watcher)
                 job_id = uuid.uuid4()
-                assert jobs.create(conn, job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
-                                   delivery_key=uuid.uuid4().hex, created_by="bench") is jobs.CreateResult.CREATED
+                assert export.create(conn, job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
+                                   delivery_key=uuid.uuid4().hex, created_by="bench") is export.CreateResult.CREATED
                 results = []
                 thread = threading.Thread(target=lambda: results.append(runner.run(job_id)))
                 thread.start()

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from app.actors.destination import Destination
+from app.delivery.destination import Destination
 from app.store.types import ExpectedFile
 from tests.fixtures.sftp import KEYFILE_ENV, running_openssh
 

@@ -10,7 +10,7 @@ from uuid import UUID
 
 import psycopg
 
-from app.store import jobs
+from app.store import export
 from app.store.types import ExpectedFile, Status
 
 LEASE = 60.0
@@ -50,31 +50,31 @@ class Seeder:
         tenant_id = tenant_id or self.tenant()
         destination_id = destination_id or self.destination(tenant_id)
         job = Job(uuid.uuid4(), tenant_id, destination_id, uuid.uuid4().hex)
-        result = jobs.create(self.conn, job_id=job.id, tenant_id=tenant_id, destination_id=destination_id,
+        result = export.create(self.conn, job_id=job.id, tenant_id=tenant_id, destination_id=destination_id,
                              delivery_key=job.delivery_key, created_by="tests")
-        assert result is jobs.CreateResult.CREATED
+        assert result is export.CreateResult.CREATED
         return job
 
     def running(self, job: Job | None = None, *, lease_seconds: float = LEASE, version: int = 1) -> Job:
         job = job or self.queued()
         attempt_id = uuid.uuid4()
-        assert jobs.try_claim(self.conn, job_id=job.id, checked_version=version, attempt_id=attempt_id,
+        assert export.try_claim(self.conn, job_id=job.id, checked_version=version, attempt_id=attempt_id,
                               worker_id="worker-test", lease_seconds=lease_seconds) == 1
         return Job(job.id, job.tenant_id, job.destination_id, job.delivery_key, attempt_id)
 
     def expected(self, job: Job, size: int = 123) -> ExpectedFile:
-        return ExpectedFile(jobs.final_name(job.delivery_key), size, b"\x01" * 32)
+        return ExpectedFile(export.final_name(job.delivery_key), size, b"\x01" * 32)
 
     def delivering(self, job: Job | None = None, *, replaces_job_id: UUID | None = None) -> Job:
         job = job if job is not None and job.attempt_id else self.running(job)
-        assert jobs.try_authorize_delivery(self.conn, job_id=job.id, tenant_id=job.tenant_id,
+        assert export.try_authorize_delivery(self.conn, job_id=job.id, tenant_id=job.tenant_id,
                                            attempt_id=job.attempt_id, expected=self.expected(job),
                                            replaces_job_id=replaces_job_id) == 1
         return job
 
     def finished(self, outcome: Status, job: Job | None = None, failure_reason=None) -> Job:
         job = self.delivering(job)
-        assert jobs.try_finish_delivery(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="worker-test",
+        assert export.try_finish_delivery(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="worker-test",
                                         outcome=outcome, failure_reason=failure_reason) == 1
         return job
 

@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
-from app.store import cancellation, jobs, recovery
+from app.store import cancellation, export, recovery
 from app.store.types import CancellationOutcome, FailureCode, ReplacementResult, Status
 from tests.factories import Job, Seeder
 
@@ -40,7 +40,7 @@ class States:
 
     def outcome_unknown_by_worker(self, job: Job | None = None) -> Job:
         job = self.seed.delivering(job)
-        assert jobs.try_finish_delivery(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
+        assert export.try_finish_delivery(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
                                         outcome=Status.OUTCOME_UNKNOWN, detail="rename reply lost") == 1
         return job
 
@@ -61,14 +61,14 @@ class States:
             assert recovery.exhaust_expired(self.conn, job_id=job.id, expired_attempt_id=job.attempt_id,
                                             max_attempts=1, recovery_run_id=RECOVERY_RUN)
         else:
-            assert jobs.try_finish_failed(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
+            assert export.try_finish_failed(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
                                           failure_reason=code) == 1
         return job
 
     def stopped(self) -> Job:
         job = self.seed.running()
         self._cancel(job, CancellationOutcome.STOP_REQUESTED)
-        assert jobs.try_finish_stopped(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
+        assert export.try_finish_stopped(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
                                        stop_point="WhileBuilding") == 1
         return job
 
@@ -79,7 +79,7 @@ class States:
 
     def rejected(self) -> Job:
         job = self.seed.queued()
-        assert jobs.reject(self.conn, job_id=job.id, checked_version=1)
+        assert export.reject(self.conn, job_id=job.id, checked_version=1)
         return job
 
     def in_state(self, status: Status, code: FailureCode | None = None) -> Job:
@@ -102,7 +102,7 @@ class States:
                     overwrite_agreement_ref: str | None = None) -> Job:
         """A queued replacement of ``original``, created through the real statement."""
         job_id = uuid.uuid4()
-        result = jobs.create_replacement(self.conn, job_id=job_id, tenant_id=original.tenant_id,
+        result = export.create_replacement(self.conn, job_id=job_id, tenant_id=original.tenant_id,
                                          original_job_id=original.id, created_by=created_by,
                                          replacement_reason=reason, overwrite_agreement_ref=overwrite_agreement_ref)
         assert result is ReplacementResult.CREATED

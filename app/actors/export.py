@@ -109,7 +109,7 @@ def process_runner() -> ExportRunner:
 
 def database_url(settings: Settings) -> str:
     """The configured database, or the embedded one (``exports worker`` resolves it before starting
-    dramatiq; a bare ``dramatiq app.actors`` with no EXPORTS_DATABASE_URL resolves it here)."""
+    dramatiq; a bare ``dramatiq app.actors.worker`` with no EXPORTS_DATABASE_URL resolves it here)."""
     if settings.database_url:
         return settings.database_url
     from app import embedded

@@ -30,7 +30,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 
 from app.actors.stop import StopReason, StopSignal
-from app.store import jobs
+from app.store import export
 from app.store.database import connect
 from app.store.types import RenewResult, Role
 
@@ -142,7 +142,7 @@ class LeaseKeeper:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
-            result = jobs.renew_lease(self._conn, job_id=self.job_id, attempt_id=self.attempt_id,
+            result = export.renew_lease(self._conn, job_id=self.job_id, attempt_id=self.attempt_id,
                                       lease_seconds=self.lease_seconds)
         except Exception as exc:
             # Retried at the next interval; nothing stops. The connection may be dead: open a new one.

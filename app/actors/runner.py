@@ -3,7 +3,7 @@
 hint (re-read the row) -> policy -> claim (cutoff 1) -> lease keeper and stop watcher -> build ->
 cutoff 2 (one retry after an on-demand renewal) -> deliver -> evidence -> terminal write.
 
-Every write goes through ``app.store.jobs`` and is conditional; those after the claim also require
+Every write goes through ``app.store.export`` and is conditional; those after the claim also require
 this attempt, so an attempt that lost ownership changes nothing, and its catch blocks record nothing.
 Stop requests are obeyed until cutoff 2 and recorded (TooLate, by the cancellation path) after it; a
 lost lease stops preparation but never an upload.
@@ -22,14 +22,15 @@ from dataclasses import dataclass
 from typing import Callable
 from uuid import UUID
 
-from app.actors import destination as dest
+from app.delivery import destination as dest
 from app.actors.builder import BuildFailed, BuildStopped, BuiltFile, ContactsBuilder
-from app.actors.classifier import Stage, classify
+from app.delivery.classifier import Stage, classify
 from app.actors.lease import LeaseKeeper, Leases
-from app.actors.policy import Decision, ExportPolicy, JobView, read_job, read_original_expected
+from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
-from app.store import jobs
+from app.store import export
+from app.store.worker import JobView, read_job, read_original_expected
 from app.store.database import Database
 from app.store.types import (
     AuthorizationResult,
@@ -120,7 +121,7 @@ class ExportRunner:
             if not decision.allowed:
                 # Queued -> Rejected, this version only: after an edit this matches nothing, and the
                 # edit's own wake-up brings the job back for a fresh evaluation.
-                rejected = jobs.reject(conn, job_id=job.id, checked_version=job.version)
+                rejected = export.reject(conn, job_id=job.id, checked_version=job.version)
                 log.info("runner.rejected job_id=%s version=%s refusal=%s written=%s",
                          job.id, job.version, decision.refusal.value, rejected)
                 return RunResult(RunOutcome.REJECTED)
@@ -128,7 +129,7 @@ class ExportRunner:
         # Cutoff 1.
         attempt_id = uuid.uuid4()
         worker_id = self.worker_id()
-        claim = jobs.claim(self.db, job_id=job.id, checked_version=job.version, attempt_id=attempt_id,
+        claim = export.claim(self.db, job_id=job.id, checked_version=job.version, attempt_id=attempt_id,
                            worker_id=worker_id, lease_seconds=self.lease_seconds)
         if claim is ClaimResult.UNKNOWN:
             return RunResult(RunOutcome.CLAIM_UNKNOWN, attempt_id)   # leave the message unsettled
@@ -167,7 +168,7 @@ class ExportRunner:
                                        scope=decision.scope, stop=stop)
             if stop.reason is StopReason.LEASE_LOST:
                 raise BuildStopped(StopReason.LEASE_LOST)   # a takeover committed: stop at once
-            expected = ExpectedFile(jobs.final_name(job.delivery_key), built.size, built.sha256)
+            expected = ExpectedFile(export.final_name(job.delivery_key), built.size, built.sha256)
             # Read while still reversible: past cutoff 2 a failed read could only end OutcomeUnknown.
             # The original ended before this replacement was created, so its expected file is final.
             with self.db.connection() as conn:
@@ -184,11 +185,11 @@ class ExportRunner:
                     log.info("runner.authorized job_id=%s attempt_id=%s size=%s", job.id, attempt_id, built.size)
                     return Prepared(built, expected, original)
                 case AuthorizationResult.STOP_RECORDED:
-                    write = jobs.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id,
+                    write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id,
                                                 worker_id=worker_id, stop_point="BeforeDelivery")
                     return RunResult(RunOutcome.STOPPED, attempt_id, write)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
-                    write = jobs.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
+                    write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                                failure_reason=FailureCode.ORIGINAL_DELIVERED,
                                                detail="the original was recorded Completed before cutoff 2")
                     return RunResult(RunOutcome.FAILED, attempt_id, write)
@@ -199,7 +200,7 @@ class ExportRunner:
                     return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildStopped as stopped:
             if stopped.reason is StopReason.STOP_REQUESTED:
-                write = jobs.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
+                write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                             stop_point="WhileBuilding")
                 return RunResult(RunOutcome.STOPPED, attempt_id, write)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
@@ -209,7 +210,7 @@ class ExportRunner:
         except BuildFailed as failed:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
             log.warning("runner.build_failed job_id=%s attempt_id=%s error=%s", job.id, attempt_id, failed)
-            write = jobs.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
+            write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                        failure_reason=FailureCode.BUILD_FAILED, detail=str(failed)[:300])
             return RunResult(RunOutcome.FAILED, attempt_id, write)
         finally:
@@ -221,7 +222,7 @@ class ExportRunner:
         raise AssertionError("unreachable")   # pragma: no cover
 
     def _authorize(self, job: JobView, attempt_id: UUID, expected: ExpectedFile) -> AuthorizationResult:
-        return jobs.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
+        return export.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
                                        expected=expected, replaces_job_id=job.replaces_job_id)
 
     # --- past cutoff 2: the upload is made safe to interrupt, not cancellable ---------------------
@@ -257,7 +258,7 @@ class ExportRunner:
             except Exception as exc:
                 log.error("runner.evidence_not_recorded job_id=%s attempt_id=%s error=%s",
                           job.id, attempt_id, type(exc).__name__)
-            write = jobs.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
+            write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                          outcome=status, failure_reason=code, detail=detail)
             log.info("runner.delivered job_id=%s attempt_id=%s outcome=%s write=%s",
                      job.id, attempt_id, status.value, write.value)
@@ -270,7 +271,7 @@ class ExportRunner:
 
     def _append_evidence(self, job_id: UUID, attempt_id: UUID, observed_by: str, detail: str) -> None:
         with self.db.connection() as conn:
-            if not jobs.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
+            if not export.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
                                         detail=detail):
                 raise RuntimeError("delivery evidence was not appended")
 

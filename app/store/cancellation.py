@@ -13,10 +13,9 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import errors as pg
 
-from app.store.errors import ChangedUnderLock
-from app.store.queries import QUERIES
+from app.store import connector, errors
+from app.store.errors import ChangedUnderLock, Violation
 from app.store.types import CancellationOutcome, CancellationReply, CancellationResult, Status
 
 log = logging.getLogger(__name__)
@@ -51,13 +50,15 @@ def request_cancellation(
     transaction so a rolled-back attempt leaves nothing behind for the retry."""
     try:
         return _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason, lock_timeout)
-    except pg.LockNotAvailable:
+    except psycopg.OperationalError as exc:
+        if not errors.lock_timeout(exc):
+            raise
         # lock_timeout fired: this transaction decided and recorded nothing. An earlier submission with
         # the same id may have committed, so the client retries with the same id.
         log.info("cancellation busy", extra={"job_id": str(job_id), "request_id": str(request_id)})
         return CancellationResult(CancellationReply.BUSY, request_id)
-    except pg.UniqueViolation as exc:
-        if exc.diag.constraint_name != "pk_cancellation_requests":
+    except psycopg.IntegrityError as exc:
+        if errors.violation(exc) is not Violation.REQUEST_ID_TAKEN:
             raise
         # The same (tenant, request id) committed first, most likely under another job's lock. Answer
         # from the recorded row, with the same job and operator check.
@@ -70,8 +71,8 @@ def request_cancellation(
 
 def _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason, lock_timeout) -> CancellationResult:
     with conn.transaction():
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
-        found = conn.execute(QUERIES["cancellation_lock_job"], dict(job_id=job_id, tenant_id=tenant_id)).fetchone()
+        connector.set_config(conn, "lock_timeout", lock_timeout, local=True)
+        found = connector.fetch_one(conn, "cancellation_lock_job", dict(job_id=job_id, tenant_id=tenant_id))
         if found is None:
             # Another tenant's job looks exactly like a missing one; nothing is recorded against any job.
             log.info("cancellation for a job this tenant cannot see",
@@ -88,9 +89,9 @@ def _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason
         outcome = classify(status, found["stop_request_id"] is not None)
         keys = dict(job_id=job_id, tenant_id=tenant_id, request_id=request_id)
         if outcome is CancellationOutcome.CANCELED_WHILE_QUEUED:
-            changed = conn.execute(QUERIES["cancellation_cancel_queued"], keys).rowcount
+            changed = connector.execute(conn, "cancellation_cancel_queued", keys)
         elif outcome is CancellationOutcome.STOP_REQUESTED:
-            changed = conn.execute(QUERIES["cancellation_request_stop"], keys).rowcount
+            changed = connector.execute(conn, "cancellation_request_stop", keys)
         else:
             changed = 1   # these outcomes change nothing on the job
         if changed != 1:
@@ -98,11 +99,11 @@ def _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason
                          extra={"job_id": str(job_id), "outcome": outcome.value})
             raise ChangedUnderLock(f"export {job_id} changed under its row lock")
 
-        inserted = conn.execute(QUERIES["cancellation_record"], dict(
+        inserted = connector.execute(conn, "cancellation_record", dict(
             tenant_id=tenant_id, request_id=request_id, job_id=job_id, requested_by=requested_by,
             reason=reason, outcome=outcome.value, found_status=status.value,
             found_attempt_id=found["attempt_id"], found_attempt_count=found["attempt_count"],
-            found_delivery_authorized_at=found["delivery_authorized_at"])).rowcount
+            found_delivery_authorized_at=found["delivery_authorized_at"]))
         if inserted != 1:
             raise ChangedUnderLock(f"cancellation request {request_id} was not recorded")
     return CancellationResult(
@@ -112,7 +113,7 @@ def _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason
 
 
 def _find(conn: psycopg.Connection, tenant_id: UUID, request_id: UUID) -> dict[str, Any] | None:
-    return conn.execute(QUERIES["cancellation_find_request"], dict(tenant_id=tenant_id, request_id=request_id)).fetchone()
+    return connector.fetch_one(conn, "cancellation_find_request", dict(tenant_id=tenant_id, request_id=request_id))
 
 
 def _answer_for_earlier(earlier: dict[str, Any], job_id: UUID, requested_by: str, request_id: UUID) -> CancellationResult:

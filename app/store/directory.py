@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 from uuid import UUID
 
 import psycopg
-from psycopg import errors as pg
 
-from app.store.errors import StoreError
-from app.store.queries import QUERIES
+from app.store import connector, errors
+from app.store.errors import StoreError, Violation
 
 
 @dataclass(frozen=True)
@@ -56,28 +55,32 @@ class GrantResult(enum.Enum):
 
 
 def add_tenant(conn: psycopg.Connection, *, tenant_id: UUID, name: str) -> None:
-    rows = conn.execute(QUERIES["tenant_add"], dict(tenant_id=tenant_id, name=name)).rowcount
+    rows = connector.execute(conn, "directory_add_tenant", dict(tenant_id=tenant_id, name=name))
     if rows != 1:
-        raise StoreError(f"tenant_add wrote {rows} rows")
+        raise StoreError(f"directory_add_tenant wrote {rows} rows")
 
 
 def add_destination(conn: psycopg.Connection, *, destination_id: UUID, destination: NewDestination) -> AddResult:
     params = dict(destination_id=destination_id, **destination.__dict__)
     try:
-        rows = conn.execute(QUERIES["destination_add"], params).rowcount
-    except pg.ForeignKeyViolation:
-        return AddResult.UNKNOWN_TENANT
+        rows = connector.execute(conn, "directory_add_destination", params)
+    except psycopg.IntegrityError as exc:
+        if errors.violation(exc) is Violation.UNKNOWN_TENANT:
+            return AddResult.UNKNOWN_TENANT
+        raise
     if rows != 1:
-        raise StoreError(f"destination_add wrote {rows} rows")
+        raise StoreError(f"directory_add_destination wrote {rows} rows")
     return AddResult.ADDED
 
 
 def grant_operator(conn: psycopg.Connection, *, operator_id: str, tenant_id: UUID, reconciliation: bool) -> GrantResult:
     try:
-        rows = conn.execute(QUERIES["operator_grant"], dict(
-            operator_id=operator_id, tenant_id=tenant_id, reconciliation=reconciliation)).rowcount
-    except pg.ForeignKeyViolation:
-        return GrantResult.UNKNOWN_TENANT
+        rows = connector.execute(conn, "directory_grant_operator", dict(
+            operator_id=operator_id, tenant_id=tenant_id, reconciliation=reconciliation))
+    except psycopg.IntegrityError as exc:
+        if errors.violation(exc) is Violation.UNKNOWN_TENANT:
+            return GrantResult.UNKNOWN_TENANT
+        raise
     return GrantResult.GRANTED if rows == 1 else GrantResult.ALREADY_GRANTED
 
 
@@ -85,11 +88,15 @@ def copy_contacts(conn: psycopg.Connection, *, tenant_id: UUID, contacts: Iterab
     """Loads every contact or none (one transaction); returns how many were loaded. Raises
     ``ForeignKeyViolation`` for an unknown tenant, with nothing loaded."""
     count = 0
-    with conn.transaction():
-        with conn.cursor() as cur:
-            with cur.copy(QUERIES["contacts_copy"]) as copy:
-                for contact in contacts:
-                    copy.write_row((tenant_id, contact.email, contact.full_name, contact.company, contact.phone,
-                                    contact.consent))
-                    count += 1
+    with conn.transaction(), connector.copy(conn, "directory_copy_contacts") as copy:
+        for contact in contacts:
+            copy.write_row((tenant_id, contact.email, contact.full_name, contact.company, contact.phone,
+                            contact.consent))
+            count += 1
     return count
+
+
+def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> dict[str, Any] | None:
+    """The destination's row, only if it belongs to the tenant (``DestinationConfig.from_row`` reads it)."""
+    return connector.fetch_one(conn, "directory_read_destination",
+                               dict(tenant_id=tenant_id, destination_id=destination_id))

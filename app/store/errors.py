@@ -5,24 +5,67 @@ Each class that can occur has a deliberate answer:
 - connection loss (``OperationalError`` without an SQLSTATE, ``AdminShutdown``, a broken connection) and
   ``QueryCanceled`` (statement_timeout): the write may or may not have committed; ask the row.
 - ``LockNotAvailable`` (55P03, lock_timeout): nothing was done; the caller answers Busy.
-- ``UniqueViolation`` (23505): a real answer, told apart by its constraint name.
+- ``UniqueViolation`` (23505) and ``ForeignKeyViolation`` (23503): a real answer when the constraint is
+  one of ``Violation``'s, told apart by its name; any other is a bug, raised.
 - ``SerializationFailure`` / ``DeadlockDetected``: the transaction rolled back; safe to run again.
 - anything else (a constraint the statement should never break, a missing grant): a bug, raised.
 """
 
 from __future__ import annotations
 
+import enum
+
 import psycopg
 from psycopg import errors as pg
 
+from app.errors import ExportsError
 
-class StoreError(Exception):
-    """Base of the store's own errors."""
+
+class StoreError(ExportsError):
+    """Raised when a statement did something its conditions make impossible (a row count that cannot
+    be); nothing more is written."""
 
 
 class ChangedUnderLock(StoreError):
     """Raised when a row changed while this transaction held its lock: impossible unless something
     writes without taking it. Nothing is recorded."""
+
+
+class Violation(enum.Enum):
+    """The constraints whose violation is an answer rather than a bug, by what it means."""
+
+    #: The tenant already has a delivery with this key.
+    KEY_TAKEN = "KeyTaken"
+    #: The job names a destination that is not its tenant's.
+    UNKNOWN_DESTINATION = "UnknownDestination"
+    #: The row names a tenant that does not exist.
+    UNKNOWN_TENANT = "UnknownTenant"
+    #: The original already has a live or delivered replacement.
+    REPLACEMENT_SLOT_TAKEN = "ReplacementSlotTaken"
+    #: This attempt already recorded this transition (one Reconciled, one Corrected per attempt).
+    TRANSITION_RECORDED = "TransitionRecorded"
+    #: The tenant already recorded a cancellation request with this id.
+    REQUEST_ID_TAKEN = "RequestIdTaken"
+
+
+_VIOLATIONS = {
+    "pk_deliveries": Violation.KEY_TAKEN,
+    "uq_export_jobs_original_key": Violation.KEY_TAKEN,
+    "fk_export_jobs_destination": Violation.UNKNOWN_DESTINATION,
+    "destinations_tenant_id_fkey": Violation.UNKNOWN_TENANT,
+    "operator_access_tenant_id_fkey": Violation.UNKNOWN_TENANT,
+    "contacts_tenant_id_fkey": Violation.UNKNOWN_TENANT,
+    "uq_export_jobs_one_replacement": Violation.REPLACEMENT_SLOT_TAKEN,
+    "uq_attempt_transition": Violation.TRANSITION_RECORDED,
+    "pk_cancellation_requests": Violation.REQUEST_ID_TAKEN,
+}
+
+
+def violation(exc: BaseException) -> Violation | None:
+    """What a unique or foreign-key violation means, or None when it is not one we answer."""
+    if not isinstance(exc, (pg.UniqueViolation, pg.ForeignKeyViolation)):
+        return None
+    return _VIOLATIONS.get(exc.diag.constraint_name or "")
 
 
 def outcome_unknown(exc: BaseException) -> bool:
@@ -42,9 +85,3 @@ def retryable(exc: BaseException) -> bool:
 
 def lock_timeout(exc: BaseException) -> bool:
     return isinstance(exc, pg.LockNotAvailable)
-
-
-def unique_violation(exc: BaseException, constraint: str | None = None) -> bool:
-    if not isinstance(exc, pg.UniqueViolation):
-        return False
-    return constraint is None or exc.diag.constraint_name == constraint

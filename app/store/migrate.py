@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import psycopg
+from psycopg import errors as pg
+from psycopg import sql
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schema.sql"
 SCHEMA_VERSION = 1
@@ -28,3 +30,15 @@ def _applied(conn: psycopg.Connection) -> bool:
         return False
     row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
     return row[0] is not None and row[0] >= SCHEMA_VERSION
+
+
+def create_database(admin_url: str, name: str) -> bool:
+    """Creates database ``name`` on the server of ``admin_url`` unless it exists; True when it did."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            return False
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        except pg.DuplicateDatabase:
+            return False   # another process created it first
+        return True

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from app.cli import build_parser
-from app.cli_common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.cli.main import build_parser
+from app.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
 from app.store import directory
 from app.store.types import FailureCode, Status
 from tests.fixtures.processes import ExportsCli, clean_environ

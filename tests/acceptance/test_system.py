@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.demo import Gate
-from app.store.jobs import final_name
+from app.devtools.demo import Gate
+from app.store.export import final_name
 from tests.fixtures.processes import System, wait_until
 
 TENANT = "Initech"

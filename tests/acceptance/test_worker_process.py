@@ -1,4 +1,4 @@
-"""A real worker process: `dramatiq app.actors` on real Redis (EXPORTS_TEST_BROKER_URL, or the
+"""A real worker process: `dramatiq app.actors.worker` on real Redis (EXPORTS_TEST_BROKER_URL, or the
 embedded Redis the worker starts itself) delivers a job created through the store exactly once, even
 when its wake-up is published twice (the copy is skipped by its message id)."""
 
@@ -18,8 +18,8 @@ from app import relay
 from app.actors.broker import build_broker
 from app.actors.dedup import KEY_PREFIX
 from app.config import Settings
-from app.store import jobs
-from app.store.outbox import OutboxMessage
+from app.store import export
+from app.store.relay import OutboxMessage
 from tests.fixtures.worker import insert_contacts, insert_destination
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def _start_worker(db_url: str, broker_url: str | None, state_dir: Path, environ:
         env["EXPORTS_BROKER_URL"] = broker_url
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "app.actors", "--processes", "1", "--threads", "1"],
+            [sys.executable, "-m", "dramatiq", "app.actors.worker", "--processes", "1", "--threads", "1"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -107,7 +107,7 @@ def test_a_worker_process_delivers_a_job_exactly_once_even_when_its_wake_up_arri
     assert (row["status"], row["attempt_count"]) == ("Completed", 1), log_path.read_text(errors="replace")[-3000:]
     kinds = seed.event_kinds(job)
     assert kinds.count("Claimed") == 1 and kinds.count("Finished") == 1
-    assert list(embedded_sftp.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(embedded_sftp.files()) == [export.final_name(job.delivery_key)]
     assert seed.status(untouched).value == "Queued"
     assert broker.client.exists(KEY_PREFIX + message.message_id)
     text = log_path.read_text(errors="replace")

@@ -14,9 +14,8 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from app.store import jobs
+from app.store import connector, export
 from app.store.cancellation import request_cancellation
-from app.store.queries import QUERIES
 from app.store.types import CancellationOutcome, CancellationReply, FailureCode, Role, Status
 
 #: Long enough that a waiting statement in these tests never times out unless a test means it to.
@@ -57,7 +56,7 @@ def records(admin, tenant_id=None) -> list[dict]:
 def hold_row_lock(connect_as, job):
     """The cancellation's own locking read, run by hand in a transaction left open."""
     holder = connect_as(Role.APP, autocommit=False)
-    found = holder.execute(QUERIES["cancellation_lock_job"], dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
+    found = holder.execute(connector.text("cancellation_lock_job"), dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
     assert found is not None
     return holder
 
@@ -127,20 +126,20 @@ def test_a_canceled_job_answers_already_canceled(conn, admin, seed):
 
 def _rejected(seed, conn):
     job = seed.queued()
-    assert jobs.reject(conn, job_id=job.id, checked_version=1)
+    assert export.reject(conn, job_id=job.id, checked_version=1)
     return job
 
 
 def _stopped(seed, conn):
     job = seed.running()
     cancel(conn, job)
-    assert jobs.try_finish_stopped(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", stop_point="build") == 1
+    assert export.try_finish_stopped(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", stop_point="build") == 1
     return job
 
 
 def _failed(seed, conn):
     job = seed.running()
-    assert jobs.try_finish_failed(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+    assert export.try_finish_failed(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
                                   failure_reason=FailureCode.BUILD_FAILED) == 1
     return job
 
@@ -225,10 +224,10 @@ def test_one_request_id_submitted_for_two_jobs_at_once_is_recorded_once_and_refu
     # The first submission, by hand, up to its insert: it holds the request id's key, uncommitted.
     first = connect_as(Role.APP, autocommit=False)
     keys = dict(job_id=first_job.id, tenant_id=first_job.tenant_id, request_id=request_id)
-    found = first.execute(QUERIES["cancellation_lock_job"], keys).fetchone()
-    assert first.execute(QUERIES["cancellation_find_request"], keys).fetchone() is None
-    assert first.execute(QUERIES["cancellation_cancel_queued"], keys).rowcount == 1
-    first.execute(QUERIES["cancellation_record"], dict(
+    found = first.execute(connector.text("cancellation_lock_job"), keys).fetchone()
+    assert first.execute(connector.text("cancellation_find_request"), keys).fetchone() is None
+    assert first.execute(connector.text("cancellation_cancel_queued"), keys).rowcount == 1
+    first.execute(connector.text("cancellation_record"), dict(
         keys, requested_by="op-1", reason=None, outcome="CanceledWhileQueued", found_status="Queued",
         found_attempt_id=None, found_attempt_count=found["attempt_count"], found_delivery_authorized_at=None))
     second = connect_as(Role.APP)
@@ -330,16 +329,16 @@ def test_a_claim_waits_for_a_cancellations_row_lock_then_matches_nothing(connect
     request_id = uuid.uuid4()
     keys = dict(job_id=job.id, tenant_id=job.tenant_id, request_id=request_id)
     canceler = connect_as(Role.APP, autocommit=False)
-    assert canceler.execute(QUERIES["cancellation_lock_job"], keys).fetchone()["status"] == "Queued"
+    assert canceler.execute(connector.text("cancellation_lock_job"), keys).fetchone()["status"] == "Queued"
     worker = connect_as(Role.APP)
 
-    claim = threads.submit(jobs.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(),
+    claim = threads.submit(export.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(),
                            worker_id="w1", lease_seconds=60)
     wait_until_blocked(admin, worker.info.backend_pid, by=canceler.info.backend_pid)
     assert not claim.done()
 
     # What the cancellation found stays true until it commits: the job is Queued, and it cancels it.
-    assert canceler.execute(QUERIES["cancellation_cancel_queued"], keys).rowcount == 1
+    assert canceler.execute(connector.text("cancellation_cancel_queued"), keys).rowcount == 1
     canceler.commit()
 
     assert claim.result(timeout=10) == 0
@@ -355,7 +354,7 @@ def test_a_claim_waits_for_a_cancellations_row_lock_then_claims_if_the_job_is_st
     worker = connect_as(Role.APP)
     attempt_id = uuid.uuid4()
 
-    claim = threads.submit(jobs.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=attempt_id,
+    claim = threads.submit(export.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=attempt_id,
                            worker_id="w1", lease_seconds=60)
     wait_until_blocked(admin, worker.info.backend_pid, by=canceler.info.backend_pid)
     assert not claim.done()
@@ -369,7 +368,7 @@ def test_cancel_waits_for_claim_row_lock_then_reports_stop_requested(connect_as,
     job = seed.queued()
     attempt_id = uuid.uuid4()
     worker = connect_as(Role.APP, autocommit=False)
-    assert jobs.try_claim(worker, job_id=job.id, checked_version=1, attempt_id=attempt_id, worker_id="w1",
+    assert export.try_claim(worker, job_id=job.id, checked_version=1, attempt_id=attempt_id, worker_id="w1",
                           lease_seconds=60) == 1
     operator = connect_as(Role.APP)
     request_id = uuid.uuid4()

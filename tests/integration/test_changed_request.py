@@ -10,13 +10,12 @@ from typing import Iterator
 
 import pytest
 
-from app.store import jobs
-from app.store.queries import QUERIES
+from app.store import connector, export
 from app.store.types import ClaimResult, EditResult, Role, Status
 
 
 def edit(conn, job, destination_id, expected_version=1, tenant_id=None):
-    return jobs.edit_terms(conn, tenant_id=tenant_id or job.tenant_id, job_id=job.id,
+    return export.edit_terms(conn, tenant_id=tenant_id or job.tenant_id, job_id=job.id,
                            expected_version=expected_version, destination_id=destination_id)
 
 
@@ -25,7 +24,7 @@ def db_clock(admin):
 
 
 def claim(app_db, job, checked_version):
-    return jobs.claim(app_db, job_id=job.id, checked_version=checked_version, attempt_id=uuid.uuid4(),
+    return export.claim(app_db, job_id=job.id, checked_version=checked_version, attempt_id=uuid.uuid4(),
                       worker_id="w1", lease_seconds=60)
 
 
@@ -129,11 +128,11 @@ def test_a_rejection_of_the_version_checked_before_an_edit_matches_nothing(conn,
     edit(conn, job, seed.destination(job.tenant_id))
     before = seed.row(job)
 
-    assert jobs.reject(conn, job_id=job.id, checked_version=1) is False
+    assert export.reject(conn, job_id=job.id, checked_version=1) is False
     assert seed.row(job) == before
 
     # The edited terms are what the next evaluation rejects, if it does.
-    assert jobs.reject(conn, job_id=job.id, checked_version=2) is True
+    assert export.reject(conn, job_id=job.id, checked_version=2) is True
     assert seed.status(job) is Status.REJECTED
 
 
@@ -160,12 +159,12 @@ def wait_until_blocked(admin, pid: int, by: int, timeout: float = 10.0) -> None:
 def test_a_claim_waiting_on_an_uncommitted_edit_is_refused_once_the_edit_commits(connect_as, admin, seed, threads):
     job = seed.queued()
     editor = connect_as(Role.APP, autocommit=False)
-    assert editor.execute(QUERIES["export_edit_terms"], dict(
+    assert editor.execute(connector.text("export_edit_terms"), dict(
         tenant_id=job.tenant_id, job_id=job.id, expected_version=1,
         destination_id=seed.destination(job.tenant_id))).fetchone()["version"] == 2
     worker = connect_as(Role.APP)
 
-    claim = threads.submit(jobs.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(),
+    claim = threads.submit(export.try_claim, worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(),
                            worker_id="w1", lease_seconds=60)
     wait_until_blocked(admin, worker.info.backend_pid, by=editor.info.backend_pid)
     editor.commit()
@@ -180,7 +179,7 @@ def test_an_edit_waiting_on_an_uncommitted_claim_changes_nothing_once_the_claim_
         connect_as, admin, seed, threads):
     job = seed.queued()
     worker = connect_as(Role.APP, autocommit=False)
-    assert jobs.try_claim(worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(), worker_id="w1",
+    assert export.try_claim(worker, job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(), worker_id="w1",
                           lease_seconds=60) == 1
     operator = connect_as(Role.APP)
     outbox_before = seed.outbox(job)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.store import jobs, recovery
+from app.store import export
 from app.store.types import AuthorizationResult, FailureCode, Role, Status, WriteResult
 from tests.factories import Job
 from tests.factories_more import WORKER, Background, States, wait_until_blocked
@@ -23,7 +23,7 @@ def reconciler(connect_as):
 
 
 def _correct_to_completed(reconciler, original: Job) -> bool:
-    return recovery.correct(reconciler, tenant_id=original.tenant_id, job_id=original.id,
+    return export.correct(reconciler, tenant_id=original.tenant_id, job_id=original.id,
                             attempt_id=original.attempt_id, recorded_status=Status.FAILED,
                             corrected_status=Status.COMPLETED, failure_reason=None,
                             evidence_ref="partner ack 4711", why="the partner acknowledged the original's file",
@@ -31,7 +31,7 @@ def _correct_to_completed(reconciler, original: Job) -> bool:
 
 
 def _authorize(app_db, seed, replacement: Job, original: Job) -> AuthorizationResult:
-    return jobs.authorize_delivery(app_db, job_id=replacement.id, tenant_id=replacement.tenant_id,
+    return export.authorize_delivery(app_db, job_id=replacement.id, tenant_id=replacement.tenant_id,
                                    attempt_id=replacement.attempt_id, expected=seed.expected(replacement),
                                    replaces_job_id=original.id)
 
@@ -52,7 +52,7 @@ def test_a_correction_committed_before_cutoff_2_makes_it_report_original_complet
 
     assert cutoff is AuthorizationResult.ORIGINAL_COMPLETED
     assert seed.status(replacement) is Status.RUNNING
-    assert jobs.finish_failed(app_db, job_id=replacement.id, attempt_id=replacement.attempt_id, worker_id=WORKER,
+    assert export.finish_failed(app_db, job_id=replacement.id, attempt_id=replacement.attempt_id, worker_id=WORKER,
                               failure_reason=FailureCode.ORIGINAL_DELIVERED) is WriteResult.WRITTEN
     row = seed.row(replacement)
     assert (row["status"], row["failure_reason"]) == ("Failed", "OriginalDelivered")
@@ -68,7 +68,7 @@ def test_a_held_cutoff_2_makes_the_correction_wait_then_the_correction_succeeds(
     worker = connect_as(Role.APP)
 
     with worker.transaction():
-        assert jobs.try_authorize_delivery(worker, job_id=replacement.id, tenant_id=replacement.tenant_id,
+        assert export.try_authorize_delivery(worker, job_id=replacement.id, tenant_id=replacement.tenant_id,
                                            attempt_id=replacement.attempt_id, expected=seed.expected(replacement),
                                            replaces_job_id=original.id) == 1
         correction = Background(lambda: _correct_to_completed(reconciler, original))

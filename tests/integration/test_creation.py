@@ -8,8 +8,8 @@ import uuid
 import pytest
 from psycopg import errors as pg
 
-from app.store import jobs
-from app.store.jobs import CreateResult
+from app.store import export
+from app.store.export import CreateResult
 from app.store.types import Status
 from tests.factories import Job
 from tests.factories_more import insert_job_directly
@@ -17,7 +17,7 @@ from tests.factories_more import insert_job_directly
 
 def _create(seed, tenant_id, destination_id, delivery_key: str | None = None) -> tuple[Job, CreateResult]:
     job = Job(uuid.uuid4(), tenant_id, destination_id, delivery_key or uuid.uuid4().hex)
-    result = jobs.create(seed.conn, job_id=job.id, tenant_id=tenant_id, destination_id=destination_id,
+    result = export.create(seed.conn, job_id=job.id, tenant_id=tenant_id, destination_id=destination_id,
                          delivery_key=job.delivery_key, created_by="ops-alice")
     return job, result
 
@@ -50,7 +50,7 @@ def test_a_creation_whose_job_insert_fails_leaves_no_delivery_row_and_no_wakeup(
 
     # Reusing a job id makes the job's INSERT fail after the deliveries INSERT of the same statement ran.
     with pytest.raises(pg.UniqueViolation) as refused:
-        jobs.create(seed.conn, job_id=first.id, tenant_id=first.tenant_id, destination_id=first.destination_id,
+        export.create(seed.conn, job_id=first.id, tenant_id=first.tenant_id, destination_id=first.destination_id,
                     delivery_key=other_key, created_by="ops-alice")
 
     assert refused.value.diag.constraint_name == "export_jobs_pkey"
@@ -71,7 +71,7 @@ def test_a_creation_whose_wakeup_insert_fails_leaves_no_job_and_no_delivery_row(
     job = Job(uuid.uuid4(), tenant, destination, uuid.uuid4().hex)
 
     with pytest.raises(pg.RaiseException, match="outbox unavailable"):
-        jobs.create(seed.conn, job_id=job.id, tenant_id=tenant, destination_id=destination,
+        export.create(seed.conn, job_id=job.id, tenant_id=tenant, destination_id=destination,
                     delivery_key=job.delivery_key, created_by="ops-alice")
 
     assert not _job_exists(admin, job.id)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.actors.destination import (
+from app.delivery.destination import (
     Completed,
     CredentialError,
     Destination,

@@ -12,8 +12,8 @@ import socket
 import paramiko
 import pytest
 
-from app.actors.classifier import Failed, FailureCode, Stage, Unknown, classify, describe
-from app.actors.destination import Listing
+from app.delivery.classifier import Failed, FailureCode, Stage, Unknown, classify, describe
+from app.delivery.destination import Listing
 
 ABSENT = Listing(final_name="f.csv", present=False)
 PRESENT = Listing(final_name="f.csv", present=True, size=10, mtime=1)

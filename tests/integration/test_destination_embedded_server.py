@@ -13,8 +13,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from app.actors.destination import Destination, DestinationConfig, ExpectedFile
-from app.sftp_server import EmbeddedSftpServer, load_or_create_host_key
+from app.delivery.destination import Destination, DestinationConfig, ExpectedFile
+from app.devtools.sftp_server import EmbeddedSftpServer, load_or_create_host_key
 from tests.fixtures.sftp import SftpPeer
 
 BIG = 300_000  # past the 131,072 bytes at which paramiko's own server-side check-file loops for ever
@@ -113,7 +113,7 @@ def test_the_command_line_server_accepts_a_delivery_and_stops_on_sigterm(tmp_pat
     env = {**os.environ, "DEMO_SFTP_PASSWORD": "demo-pass"}
     (tmp_path / "root" / "inbox").mkdir(parents=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.sftp_server", "--root", str(tmp_path / "root")]
+        [sys.executable, "-m", "app.devtools.sftp_server", "--root", str(tmp_path / "root")]
         + ["--password-env", "DEMO_SFTP_PASSWORD"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -8,14 +8,14 @@ from typing import Iterator
 
 import pytest
 
-from app.store import jobs, recovery
+from app.store import export, recovery
 from app.store.database import Database
 from app.store.types import AuthorizationResult, ClaimResult, Role, Status, WriteResult
 
 # Text that only the marked statement carries, so the proxy cuts that statement and no other.
-CLAIM = "SET status = 'Running'"
-AUTHORIZE = "SET status = 'Delivering'"
-FINISH_DELIVERY = "WITH finished AS"
+CLAIM = "export_claim"
+AUTHORIZE = "export_authorize_delivery"
+FINISH_DELIVERY = "export_finish_delivery"
 
 
 @pytest.fixture
@@ -28,11 +28,11 @@ def worker_db(pg_proxy) -> Iterator[Database]:
 @pytest.fixture
 def fast_reread(monkeypatch) -> None:
     # A re-read that cannot connect gives up after this long; the default is 5 s.
-    monkeypatch.setattr(jobs, "REREAD_TIMEOUT_SECONDS", 1)
+    monkeypatch.setattr(export, "REREAD_TIMEOUT_SECONDS", 1)
 
 
 def claim(db: Database, job, attempt_id: uuid.UUID) -> ClaimResult:
-    return jobs.claim(db, job_id=job.id, checked_version=1, attempt_id=attempt_id, worker_id="w1", lease_seconds=60)
+    return export.claim(db, job_id=job.id, checked_version=1, attempt_id=attempt_id, worker_id="w1", lease_seconds=60)
 
 
 def resolve_to_outcome_unknown(seed, conn, job):
@@ -63,7 +63,7 @@ def test_an_authorization_whose_reply_is_lost_after_it_committed_is_confirmed_by
     job = seed.running()
     cut = pg_proxy.cut_after_reply(AUTHORIZE)
 
-    result = jobs.authorize_delivery(worker_db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
+    result = export.authorize_delivery(worker_db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
                                      expected=seed.expected(job), replaces_job_id=None)
 
     cut.wait()
@@ -122,7 +122,7 @@ def test_an_authorization_lost_while_recovery_resolved_the_attempt_reports_not_o
     job = seed.running()
     cut = pg_proxy.cut_after_reply(AUTHORIZE, on_cut=resolve_to_outcome_unknown(seed, conn, job))
 
-    result = jobs.authorize_delivery(worker_db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
+    result = export.authorize_delivery(worker_db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
                                      expected=seed.expected(job), replaces_job_id=None)
 
     cut.wait()
@@ -137,7 +137,7 @@ def test_a_terminal_write_lost_while_recovery_resolved_the_attempt_matches_nothi
     job = seed.delivering()
     cut = pg_proxy.cut_before(FINISH_DELIVERY, on_cut=resolve_to_outcome_unknown(seed, conn, job))
 
-    result = jobs.finish_delivery(worker_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w1",
+    result = export.finish_delivery(worker_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w1",
                                   outcome=Status.COMPLETED)
 
     cut.wait()
@@ -150,7 +150,7 @@ def test_a_terminal_write_whose_reply_is_lost_after_it_committed_is_confirmed_on
     job = seed.delivering()
     cut = pg_proxy.cut_after_reply(FINISH_DELIVERY)
 
-    result = jobs.finish_delivery(worker_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w1",
+    result = export.finish_delivery(worker_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w1",
                                   outcome=Status.COMPLETED)
 
     cut.wait()

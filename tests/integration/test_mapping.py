@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from app.store import jobs
+from app.store import connector, export
+from app.store.statements import STATEMENTS
 from app.store.models import ExportJob
-from app.store.queries import QUERIES
 from app.store.types import CancellationOutcome, EditResult, EventKind, FailureCode, Status
 from tests.factories_more import catalog_database
 
@@ -48,14 +48,14 @@ def _check_values(admin, table: str, column: str) -> list[str]:
 
 
 def _set_clauses() -> list[tuple[str, str]]:
-    return [(name, m.group("set")) for name, text in QUERIES.items() for m in _SET_CLAUSE.finditer(text)]
+    return [(name, m.group("set")) for name, text in STATEMENTS.items() for m in _SET_CLAUSE.finditer(text)]
 
 
 def test_the_cancellation_lock_selects_the_models_fields_in_order(seed, conn):
     job = seed.queued()
 
     with conn.transaction():
-        cursor = conn.execute(QUERIES["cancellation_lock_job"], dict(job_id=job.id, tenant_id=job.tenant_id))
+        cursor = conn.execute(connector.text("cancellation_lock_job"), dict(job_id=job.id, tenant_id=job.tenant_id))
         selected = [column.name for column in cursor.description]
         assert cursor.fetchone()["id"] == job.id
 
@@ -88,7 +88,7 @@ def test_the_terms_edit_sets_woken_at_with_the_database_clock_and_increments_ver
 
 
 def test_no_statement_sets_woken_at_from_a_client_parameter():
-    woken = [(name, m.group(1)) for name, text in QUERIES.items()
+    woken = [(name, m.group(1)) for name, text in STATEMENTS.items()
              for m in re.finditer(r"\bwoken_at\s*=\s*([^,\n]+)", text)]
 
     assert woken, "no statement sets woken_at: the sweeper would never see a wake-up"
@@ -108,7 +108,7 @@ def test_running_the_terms_edit_moves_woken_at_to_the_servers_clock_and_incremen
     seed.age_wakeup(job, minutes=60)
 
     before = admin.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
-    outcome = jobs.edit_terms(conn, tenant_id=job.tenant_id, job_id=job.id, expected_version=1,
+    outcome = export.edit_terms(conn, tenant_id=job.tenant_id, job_id=job.id, expected_version=1,
                               destination_id=new_destination)
     after = admin.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
 
@@ -124,7 +124,7 @@ def test_a_terms_edit_for_a_stale_version_changes_nothing(seed, conn):
     job = seed.queued()
     before = seed.row(job)
 
-    outcome = jobs.edit_terms(conn, tenant_id=job.tenant_id, job_id=job.id, expected_version=2,
+    outcome = export.edit_terms(conn, tenant_id=job.tenant_id, job_id=job.id, expected_version=2,
                               destination_id=seed.destination(job.tenant_id))
 
     assert outcome.result is EditResult.NOT_CHANGED

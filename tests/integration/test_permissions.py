@@ -8,7 +8,8 @@ import uuid
 import pytest
 from psycopg import errors as pg
 
-from app.store import cancellation, outbox
+from app.store import cancellation
+from app.store import relay as relay_store
 from app.store.types import Role
 from tests.factories_more import catalog_database
 
@@ -111,7 +112,7 @@ def test_the_dispatcher_marks_a_row_published_through_the_relay_statement(histor
     dispatcher = connect_as(Role.DISPATCHER)
     [row] = admin.execute("SELECT message_id FROM outbox WHERE published_at IS NULL").fetchall()
 
-    assert outbox.mark_published(dispatcher, message_ids=[row["message_id"]]) == 1
+    assert relay_store.mark_published(dispatcher, message_ids=[row["message_id"]]) == 1
 
     assert admin.execute("SELECT published_at FROM outbox WHERE message_id = %s",
                          (row["message_id"],)).fetchone()["published_at"] is not None

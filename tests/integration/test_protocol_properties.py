@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.store import cancellation, jobs, recovery
+from app.store import cancellation, export, recovery
 from app.store.types import FailureCode, Status
 from tests.factories import Job
 
@@ -79,15 +79,15 @@ def _step(seed, model: Model, op: str, back: int) -> None:
     if op in ("claim", "claim_stale_version"):
         new = uuid.uuid4()
         version = model.version if op == "claim" else model.version - 1
-        if jobs.try_claim(conn, job_id=job.id, checked_version=version, attempt_id=new, worker_id="w",
+        if export.try_claim(conn, job_id=job.id, checked_version=version, attempt_id=new, worker_id="w",
                           lease_seconds=60) == 1:
             model.attempts.append(new)
     elif op == "authorize":
         expected = seed.expected(job)
-        jobs.try_authorize_delivery(conn, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt,
+        export.try_authorize_delivery(conn, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt,
                                     expected=expected, replaces_job_id=None)
     elif op == "renew":
-        jobs.renew_lease(conn, job_id=job.id, attempt_id=attempt, lease_seconds=60)
+        export.renew_lease(conn, job_id=job.id, attempt_id=attempt, lease_seconds=60)
     elif op == "expire":
         seed.expire_lease(job)
     elif op == "cancel":
@@ -110,25 +110,25 @@ def _step(seed, model: Model, op: str, back: int) -> None:
                 recovery.exhaust_expired(conn, job_id=job.id, expired_attempt_id=expired.attempt_id,
                                          max_attempts=MAX_ATTEMPTS, recovery_run_id="r")
     elif op == "finish_stopped":
-        jobs.try_finish_stopped(conn, job_id=job.id, attempt_id=attempt, worker_id="w", stop_point="WhileBuilding")
+        export.try_finish_stopped(conn, job_id=job.id, attempt_id=attempt, worker_id="w", stop_point="WhileBuilding")
     elif op == "finish_failed":
-        jobs.try_finish_failed(conn, job_id=job.id, attempt_id=attempt, worker_id="w",
+        export.try_finish_failed(conn, job_id=job.id, attempt_id=attempt, worker_id="w",
                                failure_reason=FailureCode.BUILD_FAILED)
     elif op in ("finish_completed", "finish_unknown"):
         outcome = Status.COMPLETED if op == "finish_completed" else Status.OUTCOME_UNKNOWN
-        jobs.try_finish_delivery(conn, job_id=job.id, attempt_id=attempt, worker_id="w", outcome=outcome)
+        export.try_finish_delivery(conn, job_id=job.id, attempt_id=attempt, worker_id="w", outcome=outcome)
     elif op == "edit":
-        edited = jobs.edit_terms(conn, tenant_id=job.tenant_id, job_id=job.id, expected_version=model.version,
+        edited = export.edit_terms(conn, tenant_id=job.tenant_id, job_id=job.id, expected_version=model.version,
                                  destination_id=job.destination_id)
         if edited.version is not None:
             model.version = edited.version
             model.queued_entries += 1
     elif op == "reconcile":
-        recovery.reconcile(conn, tenant_id=job.tenant_id, job_id=job.id, attempt_id=attempt,
+        export.reconcile(conn, tenant_id=job.tenant_id, job_id=job.id, attempt_id=attempt,
                            resolution=Status.COMPLETED if back % 2 else Status.FAILED, evidence="e",
                            reconciled_by="rita")
     elif op == "reject":
-        jobs.reject(conn, job_id=job.id, checked_version=model.version)
+        export.reject(conn, job_id=job.id, checked_version=model.version)
 
 
 def _check(seed, model: Model, before: Status) -> Status:

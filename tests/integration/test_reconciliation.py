@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from psycopg import errors as pg
 
-from app.store import recovery
+from app.store import export
 from app.store.types import FailureCode, Role, Status
 from tests.factories import Job
 from tests.factories_more import States
@@ -24,13 +24,13 @@ def reconciler(connect_as):
 
 
 def _reconcile(conn, job: Job, resolution: Status, evidence: str = "partner listing") -> bool:
-    return recovery.reconcile(conn, tenant_id=job.tenant_id, job_id=job.id, attempt_id=job.attempt_id,
+    return export.reconcile(conn, tenant_id=job.tenant_id, job_id=job.id, attempt_id=job.attempt_id,
                               resolution=resolution, evidence=evidence, reconciled_by="ops-dave")
 
 
 def _correct(conn, job: Job, recorded: Status, corrected: Status, failure_reason: FailureCode | None = None,
              why: str = "the partner's acknowledgment says otherwise") -> bool:
-    return recovery.correct(conn, tenant_id=job.tenant_id, job_id=job.id, attempt_id=job.attempt_id,
+    return export.correct(conn, tenant_id=job.tenant_id, job_id=job.id, attempt_id=job.attempt_id,
                             recorded_status=recorded, corrected_status=corrected, failure_reason=failure_reason,
                             evidence_ref="ticket-88", why=why, corrected_by="ops-carol")
 

@@ -15,7 +15,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from app.store import jobs, recovery
+from app.store import export, recovery
 from app.store.cancellation import request_cancellation
 from app.store.types import (
     AuthorizationResult,
@@ -60,11 +60,11 @@ def resolve(conn, job, resolution: Status) -> bool:
 
 
 def renew(conn, job) -> RenewResult:
-    return jobs.renew_lease(conn, job_id=job.id, attempt_id=job.attempt_id, lease_seconds=60)
+    return export.renew_lease(conn, job_id=job.id, attempt_id=job.attempt_id, lease_seconds=60)
 
 
 def authorize(app_db, seed, job) -> AuthorizationResult:
-    return jobs.authorize_delivery(app_db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
+    return export.authorize_delivery(app_db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
                                    expected=seed.expected(job), replaces_job_id=None)
 
 
@@ -87,7 +87,7 @@ def test_the_scan_nominates_only_expired_running_and_delivering_attempts(conn, s
     assert (nominated[expired_running.id].status, nominated[expired_running.id].attempt_id) == (
         Status.RUNNING, expired_running.attempt_id)
     assert nominated[expired_delivering.id].status is Status.DELIVERING
-    assert nominated[expired_delivering.id].expected_file_name == jobs.final_name(expired_delivering.delivery_key)
+    assert nominated[expired_delivering.id].expected_file_name == export.final_name(expired_delivering.delivery_key)
     assert [seed.row(j) for j in controls] == untouched   # the scan writes nothing
 
 
@@ -120,7 +120,7 @@ def test_a_late_authorization_while_a_requeue_is_uncommitted_matches_nothing(con
     assert requeue(recoverer, job) is True   # uncommitted
 
     # The lease the worker would need is already expired in the version it reads: refused without waiting.
-    assert jobs.try_authorize_delivery(worker, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
+    assert export.try_authorize_delivery(worker, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
                                        expected=seed.expected(job), replaces_job_id=None) == 0
     recoverer.commit()
 
@@ -152,7 +152,7 @@ def test_an_authorization_holding_the_row_makes_a_requeue_wait_and_then_match_no
     worker = connect_as(Role.APP, autocommit=False)
     # The authorization needs a current lease; recovery needs an expired one. Both hold only if the lease
     # runs out while the authorization's transaction is still open.
-    assert jobs.try_authorize_delivery(worker, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
+    assert export.try_authorize_delivery(worker, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
                                        expected=seed.expected(job), replaces_job_id=None) == 1
     deadline = time.monotonic() + 10
     while not admin.execute("SELECT lease_expires_at < clock_timestamp() AS expired FROM export_jobs WHERE id = %s",
@@ -313,7 +313,7 @@ def test_a_late_receipt_from_a_superseded_attempt_is_kept_as_evidence_and_change
     assert resolve(conn, job, Status.OUTCOME_UNKNOWN)
     before = seed.row(job)
 
-    assert jobs.append_evidence(conn, job_id=job.id, attempt_id=job.attempt_id, observed_by=f"attempt:{job.attempt_id}",
+    assert export.append_evidence(conn, job_id=job.id, attempt_id=job.attempt_id, observed_by=f"attempt:{job.attempt_id}",
                                 detail="rename confirmed: size 123")
 
     assert seed.row(job) == before
@@ -336,8 +336,8 @@ def _taken_over_while_running(seed, conn):
 
 
 @pytest.mark.parametrize("write", [
-    lambda db, job: jobs.finish_stopped(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", stop_point="build"),
-    lambda db, job: jobs.finish_failed(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+    lambda db, job: export.finish_stopped(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", stop_point="build"),
+    lambda db, job: export.finish_failed(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
                                        failure_reason=FailureCode.BUILD_FAILED),
 ], ids=["finish_stopped", "finish_failed"])
 def test_after_a_takeover_the_original_attempts_terminal_write_matches_nothing(app_db, conn, seed, write):
@@ -357,9 +357,9 @@ def test_after_a_takeover_the_original_attempts_delivery_outcome_matches_nothing
     before, events_before = seed.row(job), seed.events(job)
 
     for outcome in (Status.COMPLETED, Status.OUTCOME_UNKNOWN):
-        assert jobs.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+        assert export.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
                                     outcome=outcome) is WriteResult.NOT_MATCHED
-    assert jobs.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", outcome=Status.FAILED,
+    assert export.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", outcome=Status.FAILED,
                                 failure_reason=FailureCode.NOT_DELIVERED) is WriteResult.NOT_MATCHED
 
     assert seed.row(job) == before
@@ -382,7 +382,7 @@ def test_a_job_that_crashes_on_every_attempt_ends_failed_attempts_exhausted_at_t
     job = seed.queued()
     for _ in range(MAX_ATTEMPTS):
         attempt_id = uuid.uuid4()
-        assert jobs.claim(app_db, job_id=job.id, checked_version=1, attempt_id=attempt_id, worker_id="w",
+        assert export.claim(app_db, job_id=job.id, checked_version=1, attempt_id=attempt_id, worker_id="w",
                           lease_seconds=60) is ClaimResult.CLAIMED
         seed.expire_lease(job)   # the worker died: nothing renews its lease
         # One recovery pass, as the scheduler runs it: requeue, or exhaust at the cap.

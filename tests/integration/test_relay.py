@@ -24,7 +24,7 @@ from dramatiq.middleware import Middleware
 from app.config import Settings
 from app import relay as relay_module
 from app.relay import EXPORT_ACTOR, EXPORT_QUEUE, Relay
-from app.store import outbox
+from app.store import relay as relay_store
 from app.store.database import Database
 from app.store.types import Role
 
@@ -291,7 +291,7 @@ def test_a_relay_skips_rows_another_relay_holds_and_publishes_them_only_after_it
     relay = Relay(settings_for(db_url), dispatcher_db, broker)
 
     with other.transaction():
-        held = [str(r.message_id) for r in outbox.claim_batch(other, batch_size=2)]
+        held = [str(r.message_id) for r in relay_store.claim_batch(other, batch_size=2)]
         assert held == ids[:2]
         assert relay.run_once() == 3
         assert queued_ids(broker) == ids[2:]

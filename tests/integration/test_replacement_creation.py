@@ -9,7 +9,7 @@ import uuid
 import pytest
 from psycopg import errors as pg
 
-from app.store import jobs, recovery
+from app.store import export
 from app.store.types import FailureCode, ReplacementResult, Role, Status
 from tests.factories import Job
 from tests.factories_more import WORKER, Background, States, insert_job_directly, wait_until_blocked
@@ -22,7 +22,7 @@ def states(seed) -> States:
 
 def _try_replace(conn, original: Job, tenant_id=None, *, job_id=None) -> tuple[uuid.UUID, ReplacementResult]:
     job_id = job_id or uuid.uuid4()
-    result = jobs.create_replacement(conn, job_id=job_id, tenant_id=tenant_id or original.tenant_id,
+    result = export.create_replacement(conn, job_id=job_id, tenant_id=tenant_id or original.tenant_id,
                                      original_job_id=original.id, created_by="ops-alice",
                                      replacement_reason="original unresolved after reconciliation")
     return job_id, result
@@ -85,7 +85,7 @@ def test_replacement_creation_queues_a_replacement_carrying_the_originals_key(st
     before = seed.row(original)
 
     job_id = uuid.uuid4()
-    result = jobs.create_replacement(seed.conn, job_id=job_id, tenant_id=original.tenant_id,
+    result = export.create_replacement(seed.conn, job_id=job_id, tenant_id=original.tenant_id,
                                      original_job_id=original.id, created_by="ops-alice",
                                      replacement_reason="partner confirmed nothing arrived",
                                      overwrite_agreement_ref="contract-7 section 4")
@@ -147,8 +147,8 @@ def test_the_database_refuses_a_replacement_whose_tenant_differs_from_its_origin
     # The other tenant owns the same key too, so only the link to the original is wrong.
     other_tenant = seed.tenant("Globex")
     other_destination = seed.destination(other_tenant)
-    assert jobs.create(seed.conn, job_id=uuid.uuid4(), tenant_id=other_tenant, destination_id=other_destination,
-                       delivery_key=original.delivery_key, created_by="tests") is jobs.CreateResult.CREATED
+    assert export.create(seed.conn, job_id=uuid.uuid4(), tenant_id=other_tenant, destination_id=other_destination,
+                       delivery_key=original.delivery_key, created_by="tests") is export.CreateResult.CREATED
     replacement = Job(uuid.uuid4(), other_tenant, other_destination, original.delivery_key)
 
     with pytest.raises(pg.ForeignKeyViolation) as refused:
@@ -206,7 +206,7 @@ def test_a_completed_replacement_keeps_the_slot_for_good(states, seed, admin):
     original = states.outcome_unknown_by_worker()
     first = seed.running(states.replacement(original))
     seed.delivering(first, replaces_job_id=original.id)
-    assert jobs.try_finish_delivery(seed.conn, job_id=first.id, attempt_id=first.attempt_id, worker_id=WORKER,
+    assert export.try_finish_delivery(seed.conn, job_id=first.id, attempt_id=first.attempt_id, worker_id=WORKER,
                                     outcome=Status.COMPLETED) == 1
 
     job_id, result = _try_replace(seed.conn, original)
@@ -218,7 +218,7 @@ def test_a_completed_replacement_keeps_the_slot_for_good(states, seed, admin):
 def test_a_replacement_that_found_the_originals_file_keeps_the_slot_for_good(states, seed, admin):
     original = states.outcome_unknown_by_worker()
     first = seed.running(states.replacement(original))
-    assert jobs.try_finish_failed(seed.conn, job_id=first.id, attempt_id=first.attempt_id, worker_id=WORKER,
+    assert export.try_finish_failed(seed.conn, job_id=first.id, attempt_id=first.attempt_id, worker_id=WORKER,
                                   failure_reason=FailureCode.ORIGINAL_DELIVERED) == 1
 
     job_id, result = _try_replace(seed.conn, original)
@@ -231,7 +231,7 @@ def test_a_replacement_that_ended_failed_not_delivered_frees_the_slot(states, se
     original = states.outcome_unknown_by_worker()
     first = seed.running(states.replacement(original))
     seed.delivering(first, replaces_job_id=original.id)
-    assert jobs.try_finish_delivery(seed.conn, job_id=first.id, attempt_id=first.attempt_id, worker_id=WORKER,
+    assert export.try_finish_delivery(seed.conn, job_id=first.id, attempt_id=first.attempt_id, worker_id=WORKER,
                                     outcome=Status.FAILED, failure_reason=FailureCode.NOT_DELIVERED) == 1
 
     job_id, result = _try_replace(seed.conn, original)
@@ -247,7 +247,7 @@ def test_a_creation_racing_a_correction_to_completed_waits_for_it_then_inserts_n
     reconciler, creator = connect_as(Role.RECONCILER), connect_as(Role.APP)
 
     with reconciler.transaction():
-        assert recovery.correct(reconciler, tenant_id=original.tenant_id, job_id=original.id,
+        assert export.correct(reconciler, tenant_id=original.tenant_id, job_id=original.id,
                                 attempt_id=original.attempt_id, recorded_status=Status.FAILED,
                                 corrected_status=Status.COMPLETED, failure_reason=None,
                                 evidence_ref="partner listing 2026-11-29", why="the file arrived after all",

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from app.actors.destination import Destination
+from app.delivery.destination import Destination
 from app.actors.policy import ExportPolicy
 from app.actors.runner import RunOutcome
-from app.store import jobs
+from app.store import export
 from app.store.types import CancellationOutcome, EditResult, Status, WriteResult
 from tests.factories_more import Background
 from tests.fixtures.worker import Gate, insert_destination, wait_for
@@ -35,7 +35,7 @@ def test_a_queued_job_is_delivered_exactly_once_with_its_events_and_evidence(req
                                                                Status.COMPLETED)
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_id"], row["attempt_count"]) == ("Completed", result.attempt_id, 1)
-    final = jobs.final_name(job.delivery_key)
+    final = export.final_name(job.delivery_key)
     files = worker.peer.files()
     assert list(files) == [final]   # no temporary file left behind, nothing else written
     assert hashlib.sha256(files[final]).digest() == bytes(row["expected_file_sha256"])
@@ -84,7 +84,7 @@ class _EditAfterEvaluating(ExportPolicy):
     def evaluate(self, conn, job):
         decision = super().evaluate(conn, job)
         self.decisions.append(decision)
-        edit = jobs.edit_terms(self.worker.conn, tenant_id=self.job.tenant_id, job_id=self.job.id,
+        edit = export.edit_terms(self.worker.conn, tenant_id=self.job.tenant_id, job_id=self.job.id,
                                expected_version=job.version, destination_id=self.new_destination)
         assert edit.result is EditResult.CHANGED
         return decision
@@ -175,7 +175,7 @@ def test_a_stop_request_after_cutoff_2_is_recorded_as_too_late_and_the_file_is_d
     assert (result.outcome, result.write, result.delivery) == (RunOutcome.DELIVERED, WriteResult.WRITTEN,
                                                                Status.COMPLETED)
     assert worker.seed.status(job) is Status.COMPLETED
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
     assert worker.seed.row(job)["stop_request_id"] is None   # recorded as a request, not as a stop
 
 

@@ -17,22 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from app.actors.destination import Evidence, EvidenceStage, Listing
+from app.delivery.destination import Evidence, EvidenceStage, Listing
 from app.config import Settings
-from app.scheduler import (
-    DestinationInspector,
-    Recovery,
-    RecoveryConfig,
-    RecoveryCounts,
-    Scavenger,
-    ScavengerConfig,
-    ScavengeCounts,
-    SweepCounts,
-    Sweeper,
-    build_scheduler,
-    run_forever,
-)
-from app.store import jobs
+from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
+from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig
+from app.maintenance.sweeper import SweepCounts, Sweeper, SweeperConfig
+from app.scheduler import build_scheduler, run_forever
+from app.store import export
 from app.store.cancellation import request_cancellation
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt
@@ -76,7 +67,8 @@ def states(seed) -> States:
 
 
 def recovery_for(app_db, tmp_path, destination=None, **changes) -> Recovery:
-    return Recovery(app_db, settings_for(tmp_path, **changes), destination or FakeDestination())
+    return Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path, **changes)),
+                    destination or FakeDestination())
 
 
 def takeover_events(seed, job: Job) -> list[dict]:
@@ -98,7 +90,7 @@ def listing_of(seed, job: Job, *, present: bool = True, size: int = 123, sha256:
 
 
 def append(conn, job: Job, stage: EvidenceStage, listing: Listing, observed_by: str = f"{WORKER}/a") -> None:
-    assert jobs.append_evidence(conn, job_id=job.id, attempt_id=job.attempt_id, observed_by=observed_by,
+    assert export.append_evidence(conn, job_id=job.id, attempt_id=job.attempt_id, observed_by=observed_by,
                                 detail=Evidence(stage, listing, str(job.attempt_id)).to_detail())
 
 
@@ -188,7 +180,7 @@ def test_recovery_with_nothing_expired_writes_and_logs_nothing(app_db, seed, tmp
     control = seed.running()
     before = seed.row(control)
 
-    with caplog.at_level("INFO", logger="app.scheduler"):
+    with caplog.at_level("INFO", logger="app.maintenance.recovery"):
         assert recovery_for(app_db, tmp_path).run_once() == RecoveryCounts()
 
     assert seed.row(control) == before
@@ -199,8 +191,7 @@ def test_recovery_rescans_while_full_batches_keep_being_taken_over(app_db, seed,
     expired = [seed.running() for _ in range(5)]
     for job in expired:
         seed.expire_lease(job)
-    service = Recovery(app_db, settings_for(tmp_path), FakeDestination(),
-                       config=RecoveryConfig(max_attempts=MAX_ATTEMPTS, batch_size=2))
+    service = Recovery(app_db, RecoveryConfig(max_attempts=MAX_ATTEMPTS, batch_size=2), FakeDestination())
 
     assert service.run_once() == RecoveryCounts(scanned=5, requeued=5)
 
@@ -354,7 +345,7 @@ def test_a_replacement_that_overwrote_completes_only_on_a_changed_listing_with_a
 def test_a_lease_renewed_during_the_inspection_prevents_the_resolution(app_db, conn, seed, tmp_path):
     job = expired_delivering(seed)
     destination = FakeDestination(listing_of(seed, job, present=False))
-    destination.before_answer = lambda expired: jobs.renew_lease(
+    destination.before_answer = lambda expired: export.renew_lease(
         conn, job_id=job.id, attempt_id=job.attempt_id, lease_seconds=60)
 
     counts = recovery_for(app_db, tmp_path, destination).run_once()
@@ -375,7 +366,7 @@ def test_a_receipt_appended_after_outcome_unknown_reconciles_the_job_to_complete
     # The paused worker resumes, finishes its upload and appends its receipt; its terminal write matches nothing.
     append(conn, job, EvidenceStage.BASELINE, listing_of(seed, job, present=False))
     append(conn, job, EvidenceStage.RECEIPT, listing_of(seed, job))
-    assert jobs.try_finish_delivery(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
+    assert export.try_finish_delivery(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
                                     outcome=Status.COMPLETED) == 0
 
     assert service.run_once() == RecoveryCounts(reconciled=1)
@@ -415,8 +406,7 @@ def test_reconciliation_pages_through_every_outcome_unknown_job(app_db, conn, se
     unknown = [states.outcome_unknown_by_worker() for _ in range(5)]
     for job in unknown:
         append(conn, job, EvidenceStage.RECEIPT, listing_of(seed, job, sha256=b"\x01" * 32))
-    service = Recovery(app_db, settings_for(tmp_path), FakeDestination(),
-                       config=RecoveryConfig(max_attempts=MAX_ATTEMPTS, reconcile_batch_size=2))
+    service = Recovery(app_db, RecoveryConfig(max_attempts=MAX_ATTEMPTS, reconcile_batch_size=2), FakeDestination())
 
     assert service.run_once() == RecoveryCounts(reconciled=5)
 
@@ -438,7 +428,8 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
     holder = connect_as(Role.APP)
     first_db, second_db = Database(db_url, Role.APP, max_size=2), Database(db_url, Role.APP, max_size=2)
     absent = FakeDestination(listing_of(seed, delivering, present=False))
-    recoveries = [Recovery(first_db, settings, absent), Recovery(second_db, settings, absent)]
+    config = RecoveryConfig.from_settings(settings)
+    recoveries = [Recovery(first_db, config, absent), Recovery(second_db, config, absent)]
     pool = ThreadPoolExecutor(max_workers=2)
     try:
         with holder.transaction():
@@ -501,7 +492,7 @@ def test_recovery_completes_from_the_embedded_sftp_servers_listing_of_the_expect
     expected = seed.expected(job)
     (partner.inbox / expected.name).write_bytes(b"x" * expected.size)
 
-    counts = Recovery(app_db, settings_for(tmp_path)).run_once()
+    counts = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path))).run_once()
 
     assert counts == RecoveryCounts(scanned=1, completed=1)
     assert seed.status(job) is Status.COMPLETED
@@ -513,7 +504,7 @@ def test_recovery_after_a_crash_before_the_upload_finds_nothing_on_the_embedded_
     tenant = seed.tenant()
     job = expired_delivering(seed, seed.running(seed.queued(tenant, destination_row(conn, tenant, partner))))
 
-    counts = Recovery(app_db, settings_for(tmp_path), DestinationInspector(app_db)).run_once()
+    counts = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path)), DestinationInspector(app_db)).run_once()
 
     assert counts == RecoveryCounts(scanned=1, outcome_unknown=1)
     assert seed.status(job) is Status.OUTCOME_UNKNOWN
@@ -530,7 +521,7 @@ def test_the_sweeper_republishes_a_job_woken_31_minutes_ago_and_not_one_woken_29
     seed.age_wakeup(control, 29)
     control_before, control_outbox = seed.row(control), seed.outbox(control)
 
-    counts = Sweeper(app_db, settings_for(tmp_path)).run_once()
+    counts = Sweeper(app_db, SweeperConfig.from_settings(settings_for(tmp_path))).run_once()
 
     assert counts == SweepCounts(republished=1, batches=1)
     assert seed.row(due)["sweep_count"] == 1 and len(seed.outbox(due)) == 2
@@ -542,7 +533,7 @@ def test_the_sweeper_runs_batch_after_batch_until_one_comes_back_short(app_db, s
     for job in due:
         seed.age_wakeup(job, 45)
 
-    counts = Sweeper(app_db, settings_for(tmp_path, sweep_batch_size=2)).run_once()
+    counts = Sweeper(app_db, SweeperConfig.from_settings(settings_for(tmp_path, sweep_batch_size=2))).run_once()
 
     assert counts == SweepCounts(republished=5, batches=3)
     assert [seed.row(job)["sweep_count"] for job in due] == [1] * 5
@@ -587,8 +578,7 @@ def test_the_scavenger_deletes_only_files_of_ended_attempts_and_old_orphans(app_
         path.write_text("someone else's")
     link = work / f"{completed.id}.{uuid.uuid4()}.csv"
     link.symlink_to(work / "notes.txt")
-    scavenger = Scavenger(app_db, settings_for(tmp_path),
-                          config=ScavengerConfig(work_dir=work, orphan_grace_seconds=3600))
+    scavenger = Scavenger(app_db, ScavengerConfig(work_dir=work, orphan_grace_seconds=3600))
 
     counts = scavenger.run_once()
 
@@ -603,8 +593,8 @@ def test_the_scavenger_logs_each_deletion_with_its_job_and_attempt(app_db, seed,
     completed = seed.finished(Status.COMPLETED)
     export_file(work, completed.id, completed.attempt_id)
 
-    with caplog.at_level("INFO", logger="app.scheduler"):
-        Scavenger(app_db, settings_for(tmp_path, work_dir=work)).run_once()
+    with caplog.at_level("INFO", logger="app.maintenance.scavenger"):
+        Scavenger(app_db, ScavengerConfig.from_settings(settings_for(tmp_path, work_dir=work))).run_once()
 
     [deleted] = [r for r in caplog.records if r.getMessage().startswith("scavenger.deleted")]
     assert (deleted.job_id, deleted.attempt_id, deleted.reason) == (
@@ -612,7 +602,7 @@ def test_the_scavenger_logs_each_deletion_with_its_job_and_attempt(app_db, seed,
 
 
 def test_the_scavenger_without_a_work_directory_does_nothing(app_db, tmp_path):
-    assert Scavenger(app_db, settings_for(tmp_path, work_dir=tmp_path / "missing")).run_once() == ScavengeCounts()
+    assert Scavenger(app_db, ScavengerConfig.from_settings(settings_for(tmp_path, work_dir=tmp_path / "missing"))).run_once() == ScavengeCounts()
 
 
 # -- the process -----------------------------------------------------------------------------------------

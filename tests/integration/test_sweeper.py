@@ -9,9 +9,8 @@ import uuid
 
 import pytest
 
-from app.store import recovery
+from app.store import connector, sweeper
 from app.store.cancellation import request_cancellation
-from app.store.queries import QUERIES
 from app.store.types import CancellationOutcome, Role
 
 #: The production threshold: above the longest legitimate queue wait.
@@ -26,7 +25,7 @@ def conn(conn):
 
 
 def sweep(conn, batch_size: int = 500) -> list[uuid.UUID]:
-    return recovery.republish_due(conn, sweep_after_seconds=SWEEP_AFTER_SECONDS, batch_size=batch_size)
+    return sweeper.republish_due(conn, sweep_after_seconds=SWEEP_AFTER_SECONDS, batch_size=batch_size)
 
 
 def message_ids(seed, job) -> list[uuid.UUID]:
@@ -67,7 +66,7 @@ def test_a_job_whose_claim_holds_the_row_during_the_sweep_is_skipped_and_gets_no
     seed.age_wakeup(other, 31)
 
     worker = connect_as(Role.APP, autocommit=False)
-    claimed = worker.execute(QUERIES["export_claim"], dict(
+    claimed = worker.execute(connector.text("export_claim"), dict(
         job_id=job.id, checked_version=1, attempt_id=uuid.uuid4(), worker_id="w1", lease_seconds=60)).rowcount
     assert claimed == 1   # uncommitted: the claim holds the row lock while the sweep runs
 
@@ -105,7 +104,7 @@ def test_a_row_locked_by_a_cancellation_is_skipped_then_picked_up_by_the_next_sw
 
     # The cancellation's locking read, held open: a cancellation that has not decided yet.
     canceler = connect_as(Role.APP, autocommit=False)
-    locked = canceler.execute(QUERIES["cancellation_lock_job"], dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
+    locked = canceler.execute(connector.text("cancellation_lock_job"), dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
     assert locked["status"] == "Queued"
 
     assert sweep(conn) == []
@@ -126,9 +125,9 @@ def test_a_row_locked_by_a_cancellation_that_then_cancels_it_is_never_republishe
 
     canceler = connect_as(Role.APP, autocommit=False)
     keys = dict(job_id=job.id, tenant_id=job.tenant_id, request_id=request_id)
-    assert canceler.execute(QUERIES["cancellation_lock_job"], keys).fetchone()["status"] == "Queued"
+    assert canceler.execute(connector.text("cancellation_lock_job"), keys).fetchone()["status"] == "Queued"
     assert sweep(conn) == []
-    assert canceler.execute(QUERIES["cancellation_cancel_queued"], keys).rowcount == 1
+    assert canceler.execute(connector.text("cancellation_cancel_queued"), keys).rowcount == 1
     canceler.commit()
 
     assert sweep(conn) == []

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from app.actors.destination import Destination
+from app.delivery.destination import Destination
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopReason
-from app.store import jobs, recovery
+from app.store import export, recovery
 from app.store.types import RenewResult, Status, WriteResult
 from tests.factories_more import Background
 from tests.fixtures.worker import Gate, wait_for
@@ -51,7 +51,7 @@ def test_a_build_that_outlasts_the_initial_lease_keeps_renewing_and_delivers_exa
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_count"]) == ("Completed", 1)
     assert worker.seed.event_kinds(job).count("Claimed") == 1
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
     assert not keeper.lost and keeper.failures == 0
 
 
@@ -80,7 +80,7 @@ def test_an_upload_that_outlasts_the_initial_lease_keeps_it_renewed_and_complete
                                                                Status.COMPLETED)
     kinds = worker.seed.event_kinds(job)
     assert "ResolvedByRecovery" not in kinds and kinds.count("Finished") == 1
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
     assert not keeper.lost and keeper.failures == 0
 
 
@@ -100,7 +100,7 @@ def test_a_worker_paused_past_its_lease_is_refused_at_cutoff_2_renews_and_then_d
     authorized_at = worker.seed.row(job)["delivery_authorized_at"]
     assert authorized_at is not None
     assert worker.seed.event_kinds(job)[:2] == ["Claimed", "DeliveryAuthorized"]
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
 def test_a_paused_worker_whose_attempt_was_taken_over_finds_its_renewal_changes_nothing_and_stops(worker):
@@ -141,7 +141,7 @@ def test_a_paused_attempt_taken_over_before_cutoff_2_is_refused_there_and_the_ne
     assert again.delivery is Status.COMPLETED
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_count"], row["attempt_id"]) == ("Completed", 2, again.attempt_id)
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
 def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeover(worker):
@@ -197,7 +197,7 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
 
     assert (result.outcome, result.delivery, result.write) == (RunOutcome.DELIVERED, Status.COMPLETED,
                                                                WriteResult.NOT_MATCHED)
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_id"]) == ("OutcomeUnknown", result.attempt_id)
     kinds = worker.seed.event_kinds(job)
@@ -242,4 +242,4 @@ def test_a_worker_shutting_down_during_an_upload_lets_the_upload_finish(worker):
 
     assert (result.outcome, result.delivery, result.write) == (RunOutcome.DELIVERED, Status.COMPLETED,
                                                                WriteResult.WRITTEN)
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]

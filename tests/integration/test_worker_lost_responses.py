@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 
 from app.actors.runner import RunOutcome
-from app.store import jobs, recovery
+from app.store import export, recovery
 from app.store.database import Database
 from app.store.types import Role, Status, WriteResult
 
-CLAIM = "SET status = 'Running'"
-AUTHORIZE = "SET status = 'Delivering'"
+CLAIM = "export_claim"
+AUTHORIZE = "export_authorize_delivery"
 
 
 @pytest.fixture(autouse=True)
 def fast_reread(monkeypatch) -> None:
-    monkeypatch.setattr(jobs, "REREAD_TIMEOUT_SECONDS", 1)
+    monkeypatch.setattr(export, "REREAD_TIMEOUT_SECONDS", 1)
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_a_claim_whose_reply_was_lost_after_it_committed_is_confirmed_and_the_jo
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_count"]) == ("Completed", 1)
     assert worker.seed.event_kinds(job).count("Claimed") == 1
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
 def test_a_cutoff_2_whose_reply_was_lost_after_it_committed_is_confirmed_and_delivers_once(
@@ -60,7 +60,7 @@ def test_a_cutoff_2_whose_reply_was_lost_after_it_committed_is_confirmed_and_del
     cut.wait()
     assert (result.outcome, result.delivery) == (RunOutcome.DELIVERED, Status.COMPLETED)
     assert worker.seed.event_kinds(job).count("DeliveryAuthorized") == 1
-    assert list(worker.peer.files()) == [jobs.final_name(job.delivery_key)]
+    assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
 def test_a_claim_lost_before_the_database_saw_it_with_a_failed_reread_stays_unsettled_and_runs_once_later(

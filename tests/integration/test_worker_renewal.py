@@ -10,7 +10,7 @@ from psycopg.rows import dict_row
 from app.actors.lease import Leases, new_scheduler
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopSignal
-from app.store import jobs, recovery
+from app.store import export, recovery
 from app.store.types import FailureCode, RenewResult, Status, WriteResult
 from tests.factories_more import Background
 from tests.fixtures.worker import Gate, lease_backends_blocked, wait_for
@@ -99,7 +99,7 @@ def test_a_renewal_in_flight_at_finish_that_finds_no_row_is_not_reported_as_lost
     wait_for(lambda: keeper.renewals >= 1, "a first scheduled renewal")
 
     # The attempt's terminal write holds the row while a scheduled renewal waits behind it.
-    assert jobs.try_finish_failed(locker, job_id=job.id, attempt_id=job.attempt_id, worker_id="worker-test",
+    assert export.try_finish_failed(locker, job_id=job.id, attempt_id=job.attempt_id, worker_id="worker-test",
                                   failure_reason=FailureCode.BUILD_FAILED) == 1
     wait_for(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the terminal write")
     finishing = Background(keeper.finish)

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from app.actors.classifier import Unknown
-from app.actors.destination import Destination
+from app.delivery.classifier import Unknown
+from app.delivery.destination import Destination
 from app.actors.runner import RunOutcome
-from app.store import jobs, recovery
+from app.store import export
 from app.store.types import Role, Status, WriteResult
 from tests.factories import Job
 from tests.factories_more import Background, States
@@ -36,7 +36,7 @@ def _failed_original(worker) -> Job:
 
 
 def _correct_to_completed(reconciler, original: Job) -> None:
-    assert recovery.correct(reconciler, tenant_id=original.tenant_id, job_id=original.id,
+    assert export.correct(reconciler, tenant_id=original.tenant_id, job_id=original.id,
                             attempt_id=original.attempt_id, recorded_status=Status.FAILED,
                             corrected_status=Status.COMPLETED, failure_reason=None,
                             evidence_ref="partner-ticket-42", why="the partner has the file", corrected_by="ops-carol")
@@ -95,7 +95,7 @@ def test_a_replacement_that_finds_a_file_under_the_final_name_uploads_nothing_an
     environ = worker.peer.environ
     first = worker.runner(destination_for=lambda config: _ReplyLost(Destination(config, environ=environ)))
     assert first.run(original.id).delivery is Status.OUTCOME_UNKNOWN
-    final = jobs.final_name(original.delivery_key)
+    final = export.final_name(original.delivery_key)
     delivered = worker.peer.files()
     assert list(delivered) == [final]
     replacement = States(worker.seed).replacement(original)

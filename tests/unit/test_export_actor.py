@@ -20,7 +20,7 @@ from app import relay
 from app.actors import export
 from app.actors.dedup import Deduplicate, LocalSeen
 from app.actors.runner import RunOutcome, RunResult
-from app.store.outbox import OutboxMessage
+from app.store.relay import OutboxMessage
 
 
 class ScriptedRun:
@@ -74,14 +74,14 @@ def test_the_export_actor_has_no_time_limit_and_bounded_retries_with_backoff(bro
     ("amqp://guest:guest@127.0.0.1:1/%2F", "RabbitmqBroker"),
     ("", "RedisBroker"),                               # the embedded Redis, started on first use only
 ])
-def test_importing_the_package_installs_the_broker_from_the_environment_and_declares_the_actor(
+def test_importing_the_worker_entry_point_installs_the_broker_from_the_environment_and_declares_the_actor(
         tmp_path, url, broker_class):
-    # A fresh interpreter, as `dramatiq app.actors` is: the package is imported before anything else.
+    # A fresh interpreter, as `dramatiq app.actors.worker` is: the package is imported before anything else.
     probe = (
-        "import dramatiq, app.actors\n"
+        "import dramatiq, app.actors.worker\n"
         "from app.actors.dedup import Deduplicate\n"
         "b = dramatiq.get_broker()\n"
-        "assert b.get_actor('export_ready') is app.actors.export_ready\n"
+        "assert b.get_actor('export_ready') is app.actors.worker.export_ready\n"
         "assert any(isinstance(m, Deduplicate) for m in b.middleware)\n"
         "print(type(b).__name__)\n")
     env = {**os.environ, "EXPORTS_BROKER_URL": url, "EXPORTS_STATE_DIR": str(tmp_path)}

@@ -1,5 +1,6 @@
-"""The vocabulary of named statements: every statement is used, no name is defined twice, and no
-module under app/ hands execute() SQL built from values."""
+"""The vocabulary of named statements: every statement is run by the store module its name starts with,
+no name is defined twice, no module outside app/store runs SQL, and no store module hands execute()
+SQL built from values."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from app.store.queries import QUERIES, SQL_DIR, load, parse
+from app.store.statements import SQL_DIR, STATEMENTS, load, parse
 
 APP = Path(__file__).resolve().parents[2] / "app"
 _NAME_LINE = re.compile(r"^-- name: (\S+)", re.MULTILINE)
-_USE = re.compile(r"""QUERIES\[\s*["']([a-z_]+)["']\s*\]""")
+#: A statement run through the connector: ``connector.<verb>(conn, "name", ...)``.
+_USE = re.compile(r"""connector\.(?:execute|fetch_one|fetch_all|copy|text)\(\s*(?:\w+,\s*)?["']([a-z_]+)["']""")
+#: Calls that send SQL, or open a way to: none of them may appear outside app/store.
+SQL_CALLS = {"execute", "executemany", "execute_sql", "cursor", "copy_expert"}
 
 #: Calls whose first argument is SQL text.
 EXECUTORS = {"execute", "executemany", "execute_sql"}
@@ -23,6 +27,8 @@ SQL_CLASSES = {"SQL", "Identifier", "Literal", "Placeholder", "Composed"}
 EXCEPTIONS = {
     # `exports db migrate` applies the repository's schema file as one script.
     ("store/migrate.py", "schema_path.read_text(encoding='utf-8')"),
+    # The connector is the one place a statement's text is looked up by a name it is handed.
+    ("store/connector.py", "text(name)"),
 }
 
 
@@ -38,8 +44,13 @@ def _is_literal(node: ast.AST) -> bool:
 
 
 def _is_named_statement(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "QUERIES"
-            and _is_literal(node.slice))
+    """``text("name")`` or ``connector.text("name")``: a statement from the SQL files, with its name."""
+    if not (isinstance(node, ast.Call) and node.args and _is_literal(node.args[0])):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == "text") or (
+        isinstance(func, ast.Attribute) and func.attr == "text"
+        and isinstance(func.value, ast.Name) and func.value.id == "connector")
 
 
 def _is_sql_composition(node: ast.AST) -> bool:
@@ -150,6 +161,8 @@ def unsafe_executions(module: str, source: str) -> list[str]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in EXECUTORS and node.args):
             continue
+        if isinstance(node.func.value, ast.Name) and node.func.value.id == "connector":
+            continue   # connector.execute(conn, "name", ...): a named statement by construction
         argument = node.args[0]
         if not _allowed(argument, _scope_of(node, tree), tree) and (module, ast.unparse(argument)) not in EXCEPTIONS:
             found.append(f"{module}:{node.lineno}: {ast.unparse(argument)}")
@@ -159,22 +172,70 @@ def unsafe_executions(module: str, source: str) -> list[str]:
 # --- the tests -------------------------------------------------------------------------------------
 
 
-def test_every_named_statement_is_used_by_some_module_under_app():
-    used = {name for source in _sources().values() for name in _USE.findall(source)}
+def test_every_named_statement_is_run_by_the_store_module_its_name_starts_with():
+    sources = _sources()
+    misplaced = sorted(name for name in STATEMENTS
+                       if name not in _USE.findall(sources.get(f"store/{name.split('_')[0]}.py", "")))
 
-    assert sorted(set(QUERIES) - used) == []
+    assert misplaced == []
 
 
 def test_every_statement_named_in_app_exists():
     named = {name for source in _sources().values() for name in _USE.findall(source)}
 
-    assert sorted(named - set(QUERIES)) == []
+    assert sorted(named - set(STATEMENTS)) == []
 
 
 def test_no_statement_name_is_defined_twice_across_the_sql_files():
     names = [name for path in sorted(SQL_DIR.glob("*.sql")) for name in _NAME_LINE.findall(path.read_text())]
 
-    assert len(names) == len(set(names)) == len(QUERIES)
+    assert len(names) == len(set(names)) == len(STATEMENTS)
+
+
+def test_the_loader_refuses_a_statement_named_for_another_module(tmp_path):
+    (tmp_path / "one.sql").write_text("-- name: two_read\nSELECT 1;\n")
+
+    with pytest.raises(ValueError, match="must be named one_"):
+        load(tmp_path)
+
+
+def sql_outside_the_store(module: str, source: str) -> list[str]:
+    """Where a module outside app/store sends SQL itself: a call that runs a statement or opens a
+    cursor, ``psycopg.connect``, or any use of peewee, as ``module:line: code``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in SQL_CALLS
+                or (node.func.attr == "connect" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "psycopg")):
+            found.append(f"{module}:{node.lineno}: {ast.unparse(node.func)}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(n == "peewee" or n.startswith("peewee.") for n in names):
+                found.append(f"{module}:{node.lineno}: import peewee")
+            imported = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "app.store.models" for n in names) or (isinstance(node, ast.ImportFrom) and node.module == "app.store" and "models" in imported):
+                found.append(f"{module}:{node.lineno}: import app.store.models")
+    return found
+
+
+def test_no_module_outside_app_store_runs_sql():
+    found = [hit for module, source in _sources().items() if not module.startswith("store/")
+             for hit in sql_outside_the_store(module, source)]
+
+    assert found == []
+
+
+@pytest.mark.parametrize("snippet", [
+    'conn.execute("SELECT 1")',
+    'with conn.cursor() as cur: pass',
+    'psycopg.connect(url)',
+    'import peewee',
+    'from peewee import fn',
+    'from app.store import models',
+])
+def test_the_outside_check_flags_sql_sent_without_the_store(snippet):
+    assert sql_outside_the_store("snippet.py", snippet)
 
 
 def test_the_parser_refuses_a_name_defined_twice_in_one_file():
@@ -184,22 +245,15 @@ def test_the_parser_refuses_a_name_defined_twice_in_one_file():
         parse(text, origin="twice.sql")
 
 
-def test_the_loader_refuses_a_name_defined_in_two_files(tmp_path):
-    (tmp_path / "one.sql").write_text("-- name: same\nSELECT 1;\n")
-    (tmp_path / "two.sql").write_text("-- name: same\nSELECT 2;\n")
-
-    with pytest.raises(ValueError, match="'same' is defined in another file too"):
-        load(tmp_path)
-
-
 def test_the_parser_keeps_each_statement_under_its_name():
     text = "-- preamble\n-- name: first\n-- why\nSELECT 1;\n\n-- name: second\nSELECT %(x)s;\n"
 
     assert parse(text) == {"first": "-- why\nSELECT 1;", "second": "SELECT %(x)s;"}
 
 
-def test_no_module_under_app_builds_sql_from_values_for_execute():
-    found = [hit for module, source in _sources().items() for hit in unsafe_executions(module, source)]
+def test_no_store_module_builds_sql_from_values_for_execute():
+    found = [hit for module, source in _sources().items() if module.startswith("store/")
+             for hit in unsafe_executions(module, source)]
 
     assert found == []
 
@@ -209,7 +263,7 @@ UNSAFE = [
     'conn.execute("SELECT * FROM jobs WHERE id = " + str(job_id))',
     'conn.execute("SELECT * FROM jobs WHERE id = %s" % job_id)',
     'conn.execute("SELECT * FROM {}".format(table))',
-    'conn.execute(QUERIES["x"] + " LIMIT 1")',
+    'conn.execute(text("x") + " LIMIT 1")',
     'conn.execute(sql.SQL(f"SET ROLE {role}"))',
     'def f(conn, column):\n    query = "SELECT " + column\n    conn.execute(query)',
     'cursor.executemany(" ".join(parts), rows)',
@@ -221,10 +275,10 @@ UNSAFE = [
 ]
 
 SAFE = [
-    'conn.execute(QUERIES["export_claim"], params)',
+    'conn.execute(connector.text("export_claim"), params)',
     "conn.execute(\"SELECT set_config('lock_timeout', %s, true)\", (timeout,))",
     'conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role.value)))',
-    'def f(conn):\n    query = QUERIES["export_claim"]\n    conn.execute(query, {})',
+    'def f(conn):\n    query = text("export_claim")\n    conn.execute(query, {})',
     'READ = "SELECT 1"\ndef f(conn):\n    conn.execute(READ)',
     'CHANNEL = "exports_stop"\ndef f(conn):\n    conn.execute(f"LISTEN {CHANNEL}")',
     'def f(conn, query):\n    text, params = query.sql()\n    conn.execute(text, params)',

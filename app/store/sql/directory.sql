@@ -2,11 +2,11 @@
 -- who may act for them, and their contacts. None of these rows is part of the job protocol, but they
 -- are written here like every other statement, by name, with parameters.
 
--- name: tenant_add
+-- name: directory_add_tenant
 INSERT INTO tenants (id, name) VALUES (%(tenant_id)s, %(name)s)
 RETURNING id;
 
--- name: destination_add
+-- name: directory_add_destination
 -- The destination holds a reference to its credential (env:NAME, keyfile:/path), never the secret.
 INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref,
                           remote_hash, acknowledgments, name_and_size_identify, read_back)
@@ -15,7 +15,7 @@ VALUES (%(destination_id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(usern
         %(read_back)s)
 RETURNING id;
 
--- name: operator_grant
+-- name: directory_grant_operator
 -- A second grant of the same pair changes nothing: access is widened or narrowed by no statement here,
 -- so a grant that differs from the recorded one is reported, not applied.
 INSERT INTO operator_access (operator_id, tenant_id, reconciliation)
@@ -23,7 +23,13 @@ VALUES (%(operator_id)s, %(tenant_id)s, %(reconciliation)s)
 ON CONFLICT ON CONSTRAINT pk_operator_access DO NOTHING
 RETURNING operator_id;
 
--- name: contacts_copy
+-- name: directory_copy_contacts
 -- Bulk load through COPY: thousands of rows in one round trip, inside the caller's transaction, so an
 -- import is all or nothing.
 COPY contacts (tenant_id, email, full_name, company, phone, consent) FROM STDIN;
+
+-- name: directory_read_destination
+-- The job's destination, only if it belongs to the job's tenant.
+SELECT id, tenant_id, host, port, username, remote_dir, host_key, credential_ref, remote_hash,
+       acknowledgments, name_and_size_identify, read_back, active
+FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;

@@ -1,6 +1,15 @@
--- Recovery, reconciliation and correction. The scan only nominates; each takeover repeats every
--- condition the scan relied on, lease expiry included, so a renewal that commits after the scan makes
--- the takeover match nothing. Each records its event in the same statement.
+-- Recovery: the scan only nominates; each takeover repeats every condition the scan relied on, lease
+-- expiry included, so a renewal that commits after the scan makes the takeover match nothing. Each
+-- records its event in the same statement.
+
+-- name: recovery_scan_expired
+-- Nominates only: every takeover repeats these conditions in its own write.
+SELECT id, tenant_id, attempt_id, status, stop_request_id, attempt_count, replaces_job_id,
+       expected_file_name, expected_file_bytes, expected_file_sha256, destination_id
+FROM export_jobs
+WHERE status IN ('Running', 'Delivering') AND lease_expires_at < clock_timestamp()
+ORDER BY lease_expires_at
+LIMIT %(batch_size)s;
 
 -- name: recovery_requeue_expired
 -- An expired Running attempt with no stop request, under the attempt cap, goes back to the queue with
@@ -62,55 +71,17 @@ SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, status || ': '
        clock_timestamp()
 FROM resolved
 RETURNING id;
+-- name: recovery_read_evidence
+-- The delivery evidence an attempt appended (or recovery appended for it), in the order it was appended.
+SELECT detail
+FROM export_attempt_events
+WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s AND kind = 'DeliveryEvidence'
+ORDER BY id;
 
--- name: export_reconcile
--- OutcomeUnknown -> Completed, or Failed with NotDelivered on affirmative evidence. No lease condition:
--- recovery cleared the lease. One-shot per attempt: the unique index allows one Reconciled event.
-WITH reconciled AS (
-    UPDATE export_jobs
-    SET status = %(resolution)s,
-        failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
-    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = 'OutcomeUnknown'
-      AND %(resolution)s IN ('Completed', 'Failed')
-    RETURNING id, attempt_id, status)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
-SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence)s, clock_timestamp()
-FROM reconciled
-RETURNING id;
-
--- name: export_correct
--- A reconciliation operator corrects a recorded Completed or Failed, once per attempt, recording who and
--- why in the same statement. The role guard in schema.sql refuses it to every other role.
-WITH corrected AS (
-    UPDATE export_jobs
-    SET status = %(corrected_status)s,
-        failure_reason = CASE WHEN %(corrected_status)s = 'Failed' THEN %(failure_reason)s::text END
-    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = %(recorded_status)s AND status IN ('Completed', 'Failed')
-      AND %(corrected_status)s IN ('Completed', 'Failed') AND %(corrected_status)s <> %(recorded_status)s
-    RETURNING id, attempt_id, status)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
-SELECT id, attempt_id, 'Corrected', %(corrected_by)s,
-       %(recorded_status)s || ' to ' || status || ': ' || %(evidence_ref)s || '; ' || %(why)s, clock_timestamp()
-FROM corrected
-RETURNING id;
-
--- name: sweeper_republish_due
--- Batched, so a large backlog never becomes one long transaction. SKIP LOCKED leaves rows another writer
--- is changing to the next sweep; the UPDATE re-checks Queued, so a job that left the queue gets nothing.
-WITH due AS (
-    SELECT id FROM export_jobs
-    WHERE status = 'Queued' AND woken_at < clock_timestamp() - make_interval(secs => %(sweep_after_seconds)s)
-    ORDER BY woken_at
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED),
-swept AS (
-    UPDATE export_jobs j
-    SET woken_at = clock_timestamp(), sweep_count = j.sweep_count + 1
-    FROM due
-    WHERE j.id = due.id AND j.status = 'Queued'
-    RETURNING j.id)
-INSERT INTO outbox (message_id, kind, job_id, created_at)
-SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept
-RETURNING job_id;
+-- name: recovery_scan_outcome_unknown
+-- A page of OutcomeUnknown jobs, keyset-paged by id, for reconciliation from appended evidence.
+SELECT id, tenant_id, attempt_id, replaces_job_id, expected_file_name, expected_file_bytes, expected_file_sha256
+FROM export_jobs
+WHERE status = 'OutcomeUnknown' AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+ORDER BY id
+LIMIT %(batch_size)s;

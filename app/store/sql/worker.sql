@@ -5,19 +5,13 @@
 SELECT id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id, overwrite_agreement_ref
 FROM export_jobs WHERE id = %(job_id)s;
 
--- name: worker_read_destination
--- The job's destination, only if it belongs to the job's tenant.
-SELECT id, tenant_id, host, port, username, remote_dir, host_key, credential_ref, remote_hash,
-       acknowledgments, name_and_size_identify, read_back, active
-FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
-
 -- name: worker_read_original_expected
 -- A replacement's original as cutoff 2 recorded it: what a file under the shared final name must
 -- match to be identified as the original's delivery.
 SELECT expected_file_name, expected_file_bytes, expected_file_sha256
 FROM export_jobs WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s;
 
--- name: watcher_confirm_stops
+-- name: worker_confirm_stops
 -- Which of the watched attempts have a recorded stop request, confirmed on the row itself.
 SELECT j.id
 FROM export_jobs j
@@ -25,7 +19,7 @@ JOIN unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS w (job_id, attempt_
   ON j.id = w.job_id AND j.attempt_id = w.attempt_id
 WHERE j.status = 'Running' AND j.stop_request_id IS NOT NULL;
 
--- name: builder_copy_consenting_contacts
+-- name: worker_copy_consenting_contacts
 -- PostgreSQL writes the CSV itself. COPY takes no server-side parameters, so psycopg binds the
 -- tenant id client-side as a quoted literal.
 COPY (SELECT email, full_name, company, phone FROM contacts

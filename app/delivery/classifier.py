@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from app.actors.destination import Listing, Receipt
+    from app.delivery.destination import Listing, Receipt
 
 #: Longest exception text kept in an outcome's detail, in characters; details land in a text column.
 MAX_DETAIL_CHARS = 300

@@ -1,7 +1,7 @@
 """``exports``: the operator scripts and the processes, one command.
 
 Every subcommand has ``--help``, prints for people by default and one JSON document with ``--json``,
-and ends with one of the named exit codes in ``app.cli_common`` (listed in every ``--help``). A bad
+and ends with one of the named exit codes in ``app.cli.common`` (listed in every ``--help``). A bad
 input is one line on stderr and its exit code, never a traceback, and changes nothing.
 
 Operators act only for tenants they are granted in ``operator_access``: a write by an operator who
@@ -17,8 +17,8 @@ import os
 import sys
 from typing import Sequence
 
-from app import cli_jobs, cli_processes, cli_setup, cli_views
-from app.cli_common import (
+from app.cli import jobs as cli_jobs, processes as cli_processes, setup as cli_setup, views as cli_views
+from app.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_CODES_HELP,
     EXIT_FAILURE,
@@ -33,7 +33,7 @@ from app.cli_common import (
     text,
     uuid_arg,
 )
-from app.cli_output import error
+from app.cli.output import error
 from app.config import ConfigError, Settings
 from app.store.types import Status
 
@@ -221,8 +221,8 @@ def build_parser() -> Parser:
     p = commands.add_parser("scheduler", help="recovery, sweeper and scavenger (SIGINT/SIGTERM to stop)", **leaf,
                             description="Run recovery, the sweeper and the scavenger until SIGINT or SIGTERM.")
     p.set_defaults(handler=cli_processes.scheduler)
-    p = commands.add_parser("worker", help="run export workers (dramatiq app.actors)", **leaf,
-                            description="Run `dramatiq app.actors` with the embedded services resolved.")
+    p = commands.add_parser("worker", help="run export workers (dramatiq app.actors.worker)", **leaf,
+                            description="Run `dramatiq app.actors.worker` with the embedded services resolved.")
     p.add_argument("--processes", type=positive_int(256), default=cli_processes.DEFAULT_PROCESSES,
                    help=f"worker processes (default {cli_processes.DEFAULT_PROCESSES}: this machine's CPUs, at most 4)")
     p.add_argument("--threads", type=positive_int(256), default=cli_processes.DEFAULT_THREADS,

@@ -43,7 +43,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from app import embedded
-from app.cli_common import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, CliError, Context
+from app.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, CliError, Context
 
 #: The demo's clock, in seconds: short leases so a killed worker's export is recovered within seconds.
 DEMO_SETTINGS = {

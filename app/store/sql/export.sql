@@ -157,3 +157,45 @@ SELECT id, %(attempt_id)s, 'DeliveryEvidence', %(observed_by)s, %(detail)s, cloc
 FROM export_jobs
 WHERE id = %(job_id)s
 RETURNING id;
+
+-- name: export_read_ownership
+-- State and ownership read together, with the replacement's original, for the lost-response wrappers.
+SELECT j.status, j.attempt_id, j.stop_request_id,
+       coalesce(j.lease_expires_at > clock_timestamp(), false) AS lease_current,
+       o.status AS original_status
+FROM export_jobs j
+LEFT JOIN export_jobs o ON o.tenant_id = j.tenant_id AND o.id = j.replaces_job_id
+WHERE j.id = %(job_id)s;
+
+-- name: export_reconcile
+-- OutcomeUnknown -> Completed, or Failed with NotDelivered on affirmative evidence. No lease condition:
+-- recovery cleared the lease. One-shot per attempt: the unique index allows one Reconciled event.
+WITH reconciled AS (
+    UPDATE export_jobs
+    SET status = %(resolution)s,
+        failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
+    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = 'OutcomeUnknown'
+      AND %(resolution)s IN ('Completed', 'Failed')
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence)s, clock_timestamp()
+FROM reconciled
+RETURNING id;
+
+-- name: export_correct
+-- A reconciliation operator corrects a recorded Completed or Failed, once per attempt, recording who and
+-- why in the same statement. The role guard in schema.sql refuses it to every other role.
+WITH corrected AS (
+    UPDATE export_jobs
+    SET status = %(corrected_status)s,
+        failure_reason = CASE WHEN %(corrected_status)s = 'Failed' THEN %(failure_reason)s::text END
+    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = %(recorded_status)s AND status IN ('Completed', 'Failed')
+      AND %(corrected_status)s IN ('Completed', 'Failed') AND %(corrected_status)s <> %(recorded_status)s
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'Corrected', %(corrected_by)s,
+       %(recorded_status)s || ' to ' || status || ': ' || %(evidence_ref)s || '; ' || %(why)s, clock_timestamp()
+FROM corrected
+RETURNING id;

@@ -16,7 +16,7 @@ bytes of writes, drop the reply to a rename after performing it, create a file u
 target just before the rename, or hang a request until the server stops. Each fires once and sets
 an event, so tests wait on events rather than sleeping.
 
-Run ``python -m app.sftp_server --root DIR --port N --username U --password-env VAR`` for the demo.
+Run ``python -m app.devtools.sftp_server --root DIR --port N --username U --password-env VAR`` for the demo.
 """
 
 from __future__ import annotations
@@ -542,7 +542,7 @@ class EmbeddedSftpServer:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m app.sftp_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m app.devtools.sftp_server", description=__doc__.split("\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="directory the client sees as /")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--key-dir", type=Path, help="where the host key is kept (default: ROOT/../host-keys)")

@@ -13,12 +13,11 @@ from typing import Callable
 from uuid import UUID
 
 import psycopg
-from psycopg import errors as pg
 from psycopg_pool import PoolTimeout
 
-from app.store import errors
+from app.store import connector, errors
 from app.store.database import Database
-from app.store.queries import QUERIES
+from app.store.errors import Violation
 from app.store.types import (
     AuthorizationResult,
     ClaimResult,
@@ -62,14 +61,13 @@ def create(
                   delivery_key=delivery_key, created_by=created_by)
     try:
         with conn.transaction():
-            rows = conn.execute(QUERIES["export_create"], params).fetchall()
-    except pg.UniqueViolation as exc:
-        if exc.diag.constraint_name in ("pk_deliveries", "uq_export_jobs_original_key"):
-            return CreateResult.KEY_TAKEN
-        raise
-    except pg.ForeignKeyViolation as exc:
-        if exc.diag.constraint_name == "fk_export_jobs_destination":
-            return CreateResult.UNKNOWN_DESTINATION
+            rows = connector.fetch_all(conn, "export_create", params)
+    except psycopg.IntegrityError as exc:
+        match errors.violation(exc):
+            case Violation.KEY_TAKEN:
+                return CreateResult.KEY_TAKEN
+            case Violation.UNKNOWN_DESTINATION:
+                return CreateResult.UNKNOWN_DESTINATION
         raise
     if len(rows) != 1:
         raise errors.StoreError(f"export_create wrote {len(rows)} outbox rows for one job")
@@ -86,9 +84,9 @@ def create_replacement(
                   replacement_reason=replacement_reason, overwrite_agreement_ref=overwrite_agreement_ref)
     try:
         with conn.transaction():
-            rows = conn.execute(QUERIES["export_create_replacement"], params).fetchall()
-    except pg.UniqueViolation as exc:
-        if exc.diag.constraint_name == "uq_export_jobs_one_replacement":
+            rows = connector.fetch_all(conn, "export_create_replacement", params)
+    except psycopg.IntegrityError as exc:
+        if errors.violation(exc) is Violation.REPLACEMENT_SLOT_TAKEN:
             return ReplacementResult.SLOT_TAKEN
         raise
     return ReplacementResult.CREATED if len(rows) == 1 else ReplacementResult.NOT_ALLOWED
@@ -101,9 +99,9 @@ def edit_terms(
                   destination_id=destination_id)
     try:
         with conn.transaction():
-            row = conn.execute(QUERIES["export_edit_terms"], params).fetchone()
-    except pg.ForeignKeyViolation as exc:
-        if exc.diag.constraint_name == "fk_export_jobs_destination":
+            row = connector.fetch_one(conn, "export_edit_terms", params)
+    except psycopg.IntegrityError as exc:
+        if errors.violation(exc) is Violation.UNKNOWN_DESTINATION:
             return EditOutcome(EditResult.NOT_CHANGED)
         raise
     if row is None:
@@ -113,14 +111,14 @@ def edit_terms(
 
 def reject(conn: psycopg.Connection, *, job_id: UUID, checked_version: int) -> bool:
     """Queued -> Rejected for the evaluated version; False when the job moved on or was edited."""
-    return conn.execute(QUERIES["export_reject"], dict(job_id=job_id, checked_version=checked_version)).rowcount == 1
+    return connector.execute(conn, "export_reject", dict(job_id=job_id, checked_version=checked_version)) == 1
 
 
 # --- reads for the wrappers ----------------------------------------------------------------------
 
 
 def read_ownership(conn: psycopg.Connection, *, job_id: UUID) -> Ownership | None:
-    row = conn.execute(QUERIES["export_read_ownership"], dict(job_id=job_id)).fetchone()
+    row = connector.fetch_one(conn, "export_read_ownership", dict(job_id=job_id))
     if row is None:
         return None
     return Ownership(
@@ -141,13 +139,12 @@ def _reread(db: Database, job_id: UUID):
     does not answer (a shutdown must not hang here with the database unreachable)."""
     try:
         with db.connection(timeout=REREAD_TIMEOUT_SECONDS) as conn:
-            # SET takes no bind parameters; set_config does.
-            conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{REREAD_TIMEOUT_SECONDS}s",))
+            connector.set_config(conn, "statement_timeout", f"{REREAD_TIMEOUT_SECONDS}s", local=False)
             try:
                 return read_ownership(conn, job_id=job_id)
             finally:
                 if not conn.broken:
-                    conn.execute("RESET statement_timeout")
+                    connector.reset(conn, "statement_timeout")
     except Exception as exc:
         if errors.outcome_unknown(exc) or isinstance(exc, PoolTimeout):
             return _UNANSWERED
@@ -173,9 +170,9 @@ def try_claim(
     conn: psycopg.Connection, *, job_id: UUID, checked_version: int, attempt_id: UUID, worker_id: str,
     lease_seconds: float,
 ) -> int:
-    return conn.execute(QUERIES["export_claim"], dict(
+    return connector.execute(conn, "export_claim", dict(
         job_id=job_id, checked_version=checked_version, attempt_id=attempt_id, worker_id=worker_id,
-        lease_seconds=lease_seconds)).rowcount
+        lease_seconds=lease_seconds))
 
 
 def claim(
@@ -202,9 +199,9 @@ def try_authorize_delivery(
     conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
     replaces_job_id: UUID | None,
 ) -> int:
-    return conn.execute(QUERIES["export_authorize_delivery"], dict(
+    return connector.execute(conn, "export_authorize_delivery", dict(
         job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
-        final_name=expected.name, length=expected.size, sha256=expected.sha256)).rowcount
+        final_name=expected.name, length=expected.size, sha256=expected.sha256))
 
 
 def authorize_delivery(
@@ -243,8 +240,8 @@ def classify_refusal(row: Ownership | None, attempt_id: UUID) -> AuthorizationRe
 
 
 def renew_lease(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, lease_seconds: float) -> RenewResult:
-    rows = conn.execute(QUERIES["export_lease_renew"], dict(
-        job_id=job_id, attempt_id=attempt_id, lease_seconds=lease_seconds)).rowcount
+    rows = connector.execute(conn, "export_lease_renew", dict(
+        job_id=job_id, attempt_id=attempt_id, lease_seconds=lease_seconds))
     return RenewResult.RENEWED if rows == 1 else RenewResult.LOST
 
 
@@ -253,23 +250,23 @@ def renew_lease(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, lea
 
 def try_finish_stopped(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
                        stop_point: str) -> int:
-    return conn.execute(QUERIES["export_finish_stopped"], dict(
-        job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, stop_point=stop_point)).rowcount
+    return connector.execute(conn, "export_finish_stopped", dict(
+        job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, stop_point=stop_point))
 
 
 def try_finish_failed(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
                       failure_reason: FailureCode, detail: str | None = None) -> int:
-    return conn.execute(QUERIES["export_finish_failed"], dict(
+    return connector.execute(conn, "export_finish_failed", dict(
         job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, failure_reason=failure_reason.value,
-        detail=detail)).rowcount
+        detail=detail))
 
 
 def try_finish_delivery(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
                         outcome: Status, failure_reason: FailureCode | None = None,
                         detail: str | None = None) -> int:
-    return conn.execute(QUERIES["export_finish_delivery"], dict(
+    return connector.execute(conn, "export_finish_delivery", dict(
         job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome.value,
-        failure_reason=failure_reason.value if failure_reason else None, detail=detail)).rowcount
+        failure_reason=failure_reason.value if failure_reason else None, detail=detail))
 
 
 def _confirm_terminal(db: Database, job_id: UUID, attempt_id: UUID, expected: Status,
@@ -312,5 +309,41 @@ def finish_delivery(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: 
 def append_evidence(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, observed_by: str,
                     detail: str) -> bool:
     """Appends delivery evidence with its provenance; it cannot change the job's status."""
-    return conn.execute(QUERIES["export_append_evidence"], dict(
-        job_id=job_id, attempt_id=attempt_id, observed_by=observed_by, detail=detail)).rowcount == 1
+    return connector.execute(conn, "export_append_evidence", dict(
+        job_id=job_id, attempt_id=attempt_id, observed_by=observed_by, detail=detail)) == 1
+
+
+# --- after recovery: reconciliation and correction --------------------------------------------
+
+
+def reconcile(conn: psycopg.Connection, *, tenant_id: UUID, job_id: UUID, attempt_id: UUID, resolution: Status,
+              evidence: str, reconciled_by: str) -> bool:
+    """OutcomeUnknown -> Completed, or Failed with NotDelivered; once per attempt (a second time is
+    refused by the unique index and answers False, with the row unchanged)."""
+    return _once(conn, lambda: connector.execute(conn, "export_reconcile", dict(
+        tenant_id=tenant_id, job_id=job_id, attempt_id=attempt_id, resolution=resolution.value,
+        evidence=evidence, reconciled_by=reconciled_by)))
+
+
+def correct(conn: psycopg.Connection, *, tenant_id: UUID, job_id: UUID, attempt_id: UUID, recorded_status: Status,
+            corrected_status: Status, failure_reason: FailureCode | None, evidence_ref: str, why: str,
+            corrected_by: str) -> bool:
+    """A reconciliation operator's correction of a recorded Completed or Failed (the connection must
+    run as exports_reconciler; any other role is refused by the database). Once per attempt: a
+    second correction is refused by the unique index and answers False, with the row unchanged."""
+    return _once(conn, lambda: connector.execute(conn, "export_correct", dict(
+        tenant_id=tenant_id, job_id=job_id, attempt_id=attempt_id, recorded_status=recorded_status.value,
+        corrected_status=corrected_status.value, failure_reason=failure_reason.value if failure_reason else None,
+        evidence_ref=evidence_ref, why=why, corrected_by=corrected_by)))
+
+
+def _once(conn: psycopg.Connection, write: Callable[[], int]) -> bool:
+    """A one-shot transition: its event's unique index refuses a second one, and the update rolls
+    back with the refused event, so the refusal is an answer, not an error."""
+    try:
+        with conn.transaction():
+            return write() == 1
+    except psycopg.IntegrityError as exc:
+        if errors.violation(exc) is Violation.TRANSITION_RECORDED:
+            return False
+        raise

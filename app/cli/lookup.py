@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from app.cli_common import bad_input, not_found, printable, refused
+from app.cli.common import bad_input, not_found, printable, refused
 from app.store import models
 
 

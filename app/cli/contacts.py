@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 from typing import Iterator
 
-from app.cli_common import MAX_NAME, bad_input, printable
+from app.cli.common import MAX_NAME, bad_input, printable
 from app.store.directory import NewContact
 
 #: Columns a CSV file must have; company, phone and consent are optional.

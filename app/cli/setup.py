@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app import cli_contacts, cli_lookup
-from app.cli_common import EXIT_OK, Context, bad_input, not_found, printable, refused
-from app.cli_output import emit
+from app.cli import contacts as cli_contacts, lookup as cli_lookup
+from app.cli.common import EXIT_OK, Context, bad_input, not_found, printable, refused
+from app.cli.output import emit
 from app.store import directory, models
 from app.store.migrate import migrate
 

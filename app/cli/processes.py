@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from app.cli_common import EXIT_OK, Context
+from app.cli.common import EXIT_OK, Context
 
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
 DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
@@ -58,9 +58,9 @@ def scheduler(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def worker(ctx: Context, args: argparse.Namespace) -> int:
-    """Replaces this process with ``dramatiq app.actors``, so signals reach dramatiq directly."""
+    """Replaces this process with ``dramatiq app.actors.worker``, so signals reach dramatiq directly."""
     env = dict(os.environ, EXPORTS_DATABASE_URL=ctx.database_url())
-    argv = [sys.executable, "-m", "dramatiq", "app.actors", "--processes", str(args.processes),
+    argv = [sys.executable, "-m", "dramatiq", "app.actors.worker", "--processes", str(args.processes),
             "--threads", str(args.threads), "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS)]
     sys.stdout.flush()
     sys.stderr.flush()
@@ -69,7 +69,7 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def demo(ctx: Context, args: argparse.Namespace) -> int:
-    from app import demo as demo_module
+    from app.devtools import demo as demo_module
 
     if args.stop:
         return demo_module.stop_kept(ctx)

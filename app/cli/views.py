@@ -10,9 +10,9 @@ from typing import Any
 
 import peewee
 
-from app import cli_lookup
-from app.cli_common import EXIT_OK, Context
-from app.cli_output import emit, table
+from app.cli import lookup as cli_lookup
+from app.cli.common import EXIT_OK, Context
+from app.cli.output import emit, table
 from app.store import models
 from app.store.types import Status
 

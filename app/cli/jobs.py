@@ -7,8 +7,8 @@ import argparse
 import uuid
 from typing import assert_never
 
-from app import cli_lookup
-from app.cli_common import (
+from app.cli import lookup as cli_lookup
+from app.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_BUSY,
     EXIT_NOT_FOUND,
@@ -19,8 +19,8 @@ from app.cli_common import (
     not_found,
     refused,
 )
-from app.cli_output import emit
-from app.store import cancellation, jobs, recovery
+from app.cli.output import emit
+from app.store import cancellation, export
 from app.store.types import (
     CancellationOutcome,
     CancellationReply,
@@ -52,15 +52,15 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
     destination = cli_lookup.destination(tenant, args.destination)
     job_id, delivery_key = uuid.uuid4(), uuid.uuid4().hex
     with ctx.connection() as conn:
-        result = jobs.create(conn, job_id=job_id, tenant_id=tenant.id, destination_id=destination.id,
+        result = export.create(conn, job_id=job_id, tenant_id=tenant.id, destination_id=destination.id,
                              delivery_key=delivery_key, created_by=args.by)
-    if result is jobs.CreateResult.UNKNOWN_DESTINATION:
+    if result is export.CreateResult.UNKNOWN_DESTINATION:
         raise not_found(f"no destination {destination.id} in tenant {tenant.name!r}")
-    if result is jobs.CreateResult.KEY_TAKEN:
+    if result is export.CreateResult.KEY_TAKEN:
         raise refused(f"delivery key {delivery_key} is taken in tenant {tenant.name!r}; nothing created")
-    emit(ctx, f"export {job_id} queued for {destination.name!r} (file {jobs.final_name(delivery_key)})",
+    emit(ctx, f"export {job_id} queued for {destination.name!r} (file {export.final_name(delivery_key)})",
          {"job_id": str(job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
-          "delivery_key": delivery_key, "final_name": jobs.final_name(delivery_key), "status": Status.QUEUED.value})
+          "delivery_key": delivery_key, "final_name": export.final_name(delivery_key), "status": Status.QUEUED.value})
     return EXIT_OK
 
 
@@ -102,7 +102,7 @@ def edit(ctx: Context, args: argparse.Namespace) -> int:
     job = cli_lookup.job(tenant, args.job)
     destination = cli_lookup.destination(tenant, args.destination)
     with ctx.connection() as conn:
-        outcome = jobs.edit_terms(conn, tenant_id=tenant.id, job_id=job.id, expected_version=args.expected_version,
+        outcome = export.edit_terms(conn, tenant_id=tenant.id, job_id=job.id, expected_version=args.expected_version,
                                   destination_id=destination.id)
     if outcome.result is EditResult.NOT_CHANGED:
         current = cli_lookup.job(tenant, args.job)
@@ -124,7 +124,7 @@ def replace(ctx: Context, args: argparse.Namespace) -> int:
     original = cli_lookup.job(tenant, named.replaces_job_id) if named.replaces_job_id else named
     job_id = uuid.uuid4()
     with ctx.connection() as conn:
-        result = jobs.create_replacement(conn, job_id=job_id, tenant_id=tenant.id, original_job_id=original.id,
+        result = export.create_replacement(conn, job_id=job_id, tenant_id=tenant.id, original_job_id=original.id,
                                          created_by=args.by, replacement_reason=args.reason,
                                          overwrite_agreement_ref=args.overwrite_agreement)
     if result is ReplacementResult.NOT_ALLOWED:
@@ -147,7 +147,7 @@ def reconcile(ctx: Context, args: argparse.Namespace) -> int:
     cli_lookup.require_grant(args.by, tenant)
     job = cli_lookup.job(tenant, args.job)
     with ctx.connection() as conn:
-        written = recovery.reconcile(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
+        written = export.reconcile(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
                                      resolution=args.to, evidence=args.evidence, reconciled_by=args.by)
     if not written:
         current = cli_lookup.job(tenant, job.id)
@@ -167,7 +167,7 @@ def correct(ctx: Context, args: argparse.Namespace) -> int:
     cli_lookup.require_grant(args.by, tenant, reconciliation=True)
     job = cli_lookup.job(tenant, args.job)
     with ctx.connection(Role.RECONCILER) as conn:
-        written = recovery.correct(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
+        written = export.correct(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
                                    recorded_status=args.from_, corrected_status=args.to,
                                    failure_reason=args.failure_reason, evidence_ref=args.evidence_ref, why=args.why,
                                    corrected_by=args.by)

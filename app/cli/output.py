@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any, Sequence
 from uuid import UUID
 
-from app.cli_common import Context, printable
+from app.cli.common import Context, printable
 
 
 def _default(value: Any) -> Any:

@@ -48,7 +48,7 @@ from pathlib import Path
 import paramiko
 from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, int64
 
-from app.actors.classifier import (
+from app.delivery.classifier import (
     Completed,
     DeliveryOutcome,
     Failed,
@@ -175,6 +175,17 @@ class DestinationConfig:
         if self.ack_wait < 0:
             raise ValueError("ack_wait must not be negative")
         _pinned_key(self)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, object]) -> DestinationConfig:
+        """The config a ``destinations`` row describes (``app.store.directory.read_destination``).
+        Raises ValueError or DestinationError when the row cannot describe a delivery."""
+        return cls(host=row["host"], port=row["port"], username=row["username"],  # type: ignore[arg-type]
+                   remote_dir=row["remote_dir"], host_key=row["host_key"],  # type: ignore[arg-type]
+                   credential_ref=row["credential_ref"], remote_hash=row["remote_hash"],  # type: ignore[arg-type]
+                   acknowledgments=row["acknowledgments"],  # type: ignore[arg-type]
+                   name_and_size_identify=row["name_and_size_identify"],  # type: ignore[arg-type]
+                   read_back=row["read_back"])  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         # The reference is not a secret, but a repr travels into logs and tracebacks: show its kind only.

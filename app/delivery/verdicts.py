@@ -1,0 +1,147 @@
+"""Recovery's and reconciliation's verdicts: what proves that an attempt delivered its expected file.
+
+Pure functions over evidence the attempt appended (``parse_evidence`` reads what
+``app.delivery.evidence`` serialised) and, for recovery, a fresh listing of the destination. Completed
+only on evidence that matches the expected file; OutcomeUnknown otherwise; never Failed from an
+absent file, because a paused worker can outlast any timeout.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from app.delivery.destination import EvidenceStage, ExpectedFile, Listing, Proof
+from app.store.types import Status
+
+
+@dataclass(frozen=True)
+class AttemptEvidence:
+    """The DeliveryEvidence an attempt appended (or recovery appended for it), parsed."""
+
+    #: The listing taken before the upload, if one was recorded (the first, if several).
+    baseline: Listing | None
+    #: Every later listing: receipts, refused renames, interruptions, inspections, outcome receipts.
+    observations: tuple[tuple[str, Listing], ...]
+    #: The server refused this attempt's rename: a file already held the name, which name and size
+    #: alone can never tie to this attempt.
+    rename_refused: bool
+
+
+def _listing(payload: dict[str, Any]) -> Listing | None:
+    try:
+        sha = payload.get("sha256")
+        return Listing(
+            final_name=str(payload["final_name"]),
+            present=bool(payload["present"]),
+            size=payload.get("size"),
+            mtime=payload.get("mtime"),
+            sha256=bytes.fromhex(sha) if sha else None,
+            hash_source=payload.get("hash_source"),
+            ack=payload.get("ack"),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def parse_evidence(details: Iterable[str | None]) -> AttemptEvidence:
+    """Parses evidence details in the order they were appended. A detail that is not one of the
+    destination's evidence records is not evidence of anything, and is skipped."""
+    baseline: Listing | None = None
+    observations: list[tuple[str, Listing]] = []
+    rename_refused = False
+    for detail in details:
+        try:
+            payload = json.loads(detail or "")
+        except ValueError:
+            continue
+        if not isinstance(payload, dict):
+            continue
+        stage = payload.get("stage")
+        if stage == "outcome":
+            receipt = payload.get("receipt")
+            listing = _listing(receipt) if isinstance(receipt, dict) else None
+            if listing is not None:
+                observations.append((EvidenceStage.RECEIPT.value, listing))
+            continue
+        listing = _listing(payload)
+        if listing is None:
+            continue
+        if stage == EvidenceStage.BASELINE.value:
+            baseline = baseline or listing
+        else:
+            rename_refused = rename_refused or stage == EvidenceStage.RENAME_REFUSED.value
+            observations.append((str(stage), listing))
+    return AttemptEvidence(baseline, tuple(observations), rename_refused)
+
+
+class Resolution(enum.Enum):
+    """How recovery resolves an expired Delivering attempt, or reconciliation an OutcomeUnknown."""
+
+    COMPLETED = Status.COMPLETED
+    OUTCOME_UNKNOWN = Status.OUTCOME_UNKNOWN
+
+
+@dataclass(frozen=True)
+class DeliveryVerdict:
+    resolution: Resolution
+    summary: str
+
+
+def proves_delivery(listing: Listing, expected: ExpectedFile, baseline: Listing, *, weak_allowed: bool) -> Proof:
+    """The proof a listing gives that the expected file was published by this attempt, or NONE.
+
+    It must show the expected name, have changed from the baseline, and match the expected file with
+    nothing contradicting it (size, and hash where the partner exposes one). A checksum, or an
+    acknowledgment newer than the baseline's, is enough; name and size alone only when the baseline
+    was absent and no refused rename showed the name occupied (then a file there is this delivery,
+    published by atomic rename, and no other).
+    """
+    if listing.final_name != expected.name or listing.same_as(baseline):
+        return Proof.NONE
+    proof = listing.proof_for(expected)
+    if proof is Proof.ACKNOWLEDGMENT and listing.ack == baseline.ack:
+        return Proof.NONE
+    if proof is Proof.NAME_AND_SIZE and not (weak_allowed and not baseline.occupied):
+        return Proof.NONE
+    return proof
+
+
+def decide_delivery(expected: ExpectedFile | None, *, replacement: bool, evidence: AttemptEvidence,
+                    listing: Listing | None, inspect_error: str | None) -> DeliveryVerdict:
+    """Completed only on evidence that matches the expected file; OutcomeUnknown otherwise, never
+    Failed. An original's name is unique to its delivery key, so without a recorded baseline it was
+    absent. A replacement shares its original's name: without its own baseline, a file there may be
+    the original's, so nothing can prove this attempt delivered."""
+    if expected is None:
+        return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN, "no expected file recorded at cutoff 2")
+    if replacement and evidence.baseline is None:
+        return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN,
+                               "replacement without a recorded baseline: a file under its name may be the original's")
+    baseline = evidence.baseline or Listing(final_name=expected.name, present=False)
+    candidates = list(evidence.observations)
+    if listing is not None:
+        candidates.append(("destination", listing))
+    for source, observed in candidates:
+        proof = proves_delivery(observed, expected, baseline, weak_allowed=not evidence.rename_refused)
+        if proof is not Proof.NONE:
+            return DeliveryVerdict(Resolution.COMPLETED, f"{source} shows the expected file ({proof.value})")
+    if inspect_error is not None:
+        seen = "destination inspection failed: " + inspect_error
+    elif listing is None:
+        seen = "destination not inspected"
+    elif listing.present:
+        seen = f"destination shows {expected.name} with size {listing.size}, not proven this attempt's"
+    else:
+        seen = f"destination shows no {expected.name}"
+    return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN, f"no evidence matches the expected file; {seen}")
+
+
+def expected_file(name: str | None, size: int | None, sha256: bytes | None) -> ExpectedFile | None:
+    """What cutoff 2 recorded, or None when it recorded nothing usable."""
+    if name is None or size is None or sha256 is None or len(sha256) != 32:
+        return None
+    return ExpectedFile(name=name, size=size, sha256=bytes(sha256))

@@ -1,0 +1,260 @@
+"""Recovery: takes over attempts whose lease expired, then reconciles OutcomeUnknown jobs whose
+appended evidence now proves a completed delivery.
+
+Every write is one of the conditional statements in ``app/store/recovery.py`` (or reconciliation's in
+``app/store/export.py``): the scan only nominates, and each takeover repeats every condition the
+decision relied on. So any number of schedulers can run at once: of two that decide the same takeover,
+one write matches and the other matches nothing, and nothing is recorded twice.
+
+An expired Delivering attempt is resolved only from evidence (``app.delivery.verdicts``): Completed
+when the destination, or a receipt the attempt appended, shows the expected file; OutcomeUnknown
+otherwise. Never Failed from an absent file: a paused worker can outlast any timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import assert_never
+from uuid import UUID
+
+from app.config import Settings
+from app.delivery.destination import Destination, DestinationConfig, Evidence, EvidenceStage, Listing
+from app.delivery.verdicts import DeliveryVerdict, Resolution, decide_delivery, expected_file, parse_evidence
+from app.store import directory, export, recovery
+from app.store.database import Database
+from app.store.recovery import ExpiredAttempt, UnknownOutcome
+from app.store.types import Status
+
+log = logging.getLogger(__name__)
+
+#: Expired attempts one recovery scan nominates.
+DEFAULT_RECOVERY_BATCH = 100
+#: OutcomeUnknown jobs one reconciliation page reads.
+DEFAULT_RECONCILE_BATCH = 200
+#: Longest evidence summary recorded in an event's detail, in characters.
+MAX_SUMMARY_CHARS = 300
+
+
+InspectDestination = Callable[[ExpiredAttempt], "Listing | None"]
+
+
+class DestinationInspector:
+    """The default ``inspect_destination``: lists the expected final name on the job's destination,
+    built from its row. None when there is nothing to look at."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def __call__(self, job: ExpiredAttempt) -> Listing | None:
+        if job.expected_file_name is None:
+            return None
+        with self.db.connection() as conn:
+            row = directory.read_destination(conn, tenant_id=job.tenant_id, destination_id=job.destination_id)
+        if row is None:
+            return None
+        return Destination(DestinationConfig.from_row(row)).inspect(job.expected_file_name)
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    max_attempts: int
+    batch_size: int = DEFAULT_RECOVERY_BATCH
+    reconcile_batch_size: int = DEFAULT_RECONCILE_BATCH
+
+    def __post_init__(self) -> None:
+        for name in ("max_attempts", "batch_size", "reconcile_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RecoveryConfig:
+        return cls(max_attempts=settings.max_attempts)
+
+
+class Takeover(enum.Enum):
+    """What recovery decided for one expired attempt; each has its own conditional statement."""
+
+    STOP = "stop"                    # Running with a stop request -> Stopped
+    REQUEUE = "requeue"              # Running, no stop, under the cap -> Queued with a new wake-up
+    EXHAUST = "exhaust"              # Running at the cap -> Failed, AttemptsExhausted
+    COMPLETE = "complete"            # Delivering, evidence matches -> Completed
+    OUTCOME_UNKNOWN = "unknown"      # Delivering, no matching evidence -> OutcomeUnknown
+
+
+@dataclass(frozen=True)
+class RecoveryCounts:
+    scanned: int = 0
+    stopped: int = 0
+    requeued: int = 0
+    exhausted: int = 0
+    completed: int = 0
+    outcome_unknown: int = 0
+    #: Takeovers that matched nothing: a renewal, another scheduler or the worker got there first.
+    not_matched: int = 0
+    #: OutcomeUnknown jobs reconciled to Completed from appended evidence.
+    reconciled: int = 0
+    errors: int = 0
+
+    def as_fields(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+_COUNT_FIELD = {Takeover.STOP: "stopped", Takeover.REQUEUE: "requeued", Takeover.EXHAUST: "exhausted",
+                Takeover.COMPLETE: "completed", Takeover.OUTCOME_UNKNOWN: "outcome_unknown"}
+
+
+def decide_running(job: ExpiredAttempt, max_attempts: int) -> Takeover:
+    if job.stop_requested:
+        return Takeover.STOP
+    if job.attempt_count < max_attempts:
+        return Takeover.REQUEUE
+    return Takeover.EXHAUST
+
+
+class Recovery:
+    """Takes over expired attempts, then reconciles OutcomeUnknown jobs whose evidence now proves a
+    completed delivery. ``db`` runs as exports_app."""
+
+    def __init__(self, db: Database, config: RecoveryConfig, inspect_destination: InspectDestination | None = None):
+        self.db = db
+        self.config = config
+        self.inspect_destination = inspect_destination or DestinationInspector(db)
+
+    def run_once(self) -> RecoveryCounts:
+        run_id = str(uuid.uuid4())
+        counts: dict[str, int] = dict(RecoveryCounts().as_fields())
+        while True:
+            with self.db.connection() as conn:
+                candidates = recovery.scan_expired(conn, batch_size=self.config.batch_size)
+            counts["scanned"] += len(candidates)
+            progressed = False
+            for job in candidates:
+                progressed |= self._take_over_logged(job, run_id, counts)
+            # A full batch may hide more expired attempts; rescan while this batch moved some
+            # (a row whose takeover failed would otherwise be nominated again for ever).
+            if len(candidates) < self.config.batch_size or not progressed:
+                break
+        counts["reconciled"], reconcile_errors = self._reconcile(run_id)
+        counts["errors"] += reconcile_errors
+        result = RecoveryCounts(**counts)
+        if any(result.as_fields().values()):
+            log.info("recovery.run run_id=%s %s", run_id, " ".join(f"{k}={v}" for k, v in counts.items() if v),
+                     extra={"run_id": run_id, **counts})
+        return result
+
+    def _take_over_logged(self, job: ExpiredAttempt, run_id: str, counts: dict[str, int]) -> bool:
+        """Counts and logs one takeover; True when it left the expired set (written or not matched)."""
+        fields = {"job_id": str(job.job_id), "attempt_id": str(job.attempt_id), "tenant_id": str(job.tenant_id),
+                  "run_id": run_id}
+        try:
+            takeover, written = self._take_over(job, run_id)
+        except Exception as exc:
+            # The write may have committed without an answer; the next run's scan tells.
+            counts["errors"] += 1
+            log.warning("recovery.takeover_failed job_id=%s attempt_id=%s run_id=%s error=%s",
+                        job.job_id, job.attempt_id, run_id, type(exc).__name__,
+                        extra={**fields, "error": type(exc).__name__})
+            return False
+        counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
+        event = takeover.value if written else "not_matched"
+        log.info("recovery.%s job_id=%s attempt_id=%s run_id=%s", event, job.job_id, job.attempt_id, run_id,
+                 extra={**fields, "takeover": takeover.value, "written": written})
+        return True
+
+    def _take_over(self, job: ExpiredAttempt, run_id: str) -> tuple[Takeover, bool]:
+        common = dict(job_id=job.job_id, expired_attempt_id=job.attempt_id, recovery_run_id=run_id)
+        if job.status is Status.RUNNING:
+            takeover = decide_running(job, self.config.max_attempts)
+            with self.db.connection() as conn:
+                match takeover:
+                    case Takeover.STOP:
+                        return takeover, recovery.stop_expired(conn, **common)
+                    case Takeover.REQUEUE:
+                        return takeover, recovery.requeue_expired(conn, max_attempts=self.config.max_attempts,
+                                                                  **common)
+                    case Takeover.EXHAUST:
+                        return takeover, recovery.exhaust_expired(conn, max_attempts=self.config.max_attempts,
+                                                                  **common)
+                    case Takeover.COMPLETE | Takeover.OUTCOME_UNKNOWN:
+                        raise AssertionError(f"a Running attempt cannot be resolved as {takeover!r}")
+                    case _ as unreachable:
+                        assert_never(unreachable)
+        if job.status is Status.DELIVERING:
+            verdict = self._weigh_delivery(job, run_id)
+            takeover = Takeover.COMPLETE if verdict.resolution is Resolution.COMPLETED else Takeover.OUTCOME_UNKNOWN
+            with self.db.connection() as conn:
+                return takeover, recovery.resolve_delivering(
+                    conn, resolution=verdict.resolution.value, evidence_summary=verdict.summary[:MAX_SUMMARY_CHARS],
+                    **common)
+        raise AssertionError(f"the scan nominated a {job.status.value} job")
+
+    def _weigh_delivery(self, job: ExpiredAttempt, run_id: str) -> DeliveryVerdict:
+        # Outside any transaction: a slow destination holds no lock, and a renewal that commits
+        # meanwhile makes the resolving write match nothing.
+        listing, inspect_error = None, None
+        try:
+            listing = self.inspect_destination(job)
+        except Exception as exc:
+            # The class only: a destination error can name hosts or paths, never the summary's business.
+            inspect_error = type(exc).__name__
+            log.warning("recovery.inspect_failed job_id=%s attempt_id=%s run_id=%s error=%s",
+                        job.job_id, job.attempt_id, run_id, inspect_error,
+                        extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
+        expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
+        with self.db.connection() as conn:
+            evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
+            verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
+                                      listing=listing, inspect_error=inspect_error)
+            if listing is not None:
+                # What recovery saw is evidence too, kept with its provenance before the resolution
+                # is written; appending never changes the status.
+                export.append_evidence(conn, job_id=job.job_id, attempt_id=job.attempt_id, observed_by=run_id,
+                                          detail=Evidence(EvidenceStage.INSPECTED, listing,
+                                                          str(job.attempt_id)).to_detail())
+        return verdict
+
+    def _reconcile(self, run_id: str) -> tuple[int, int]:
+        """One-shot per attempt (the unique index allows one Reconciled event): OutcomeUnknown ->
+        Completed when the attempt's appended evidence proves the delivery. Never to Failed: that
+        needs the partner's affirmative word, which is an operator's reconciliation."""
+        reconciled = errors = 0
+        after: UUID | None = None
+        while True:
+            with self.db.connection() as conn:
+                page = recovery.scan_outcome_unknown(conn, after=after, batch_size=self.config.reconcile_batch_size)
+            for job in page:
+                try:
+                    reconciled += self._reconcile_one(job, run_id)
+                except Exception as exc:
+                    errors += 1
+                    log.warning("recovery.reconcile_failed job_id=%s attempt_id=%s run_id=%s error=%s",
+                                job.job_id, job.attempt_id, run_id, type(exc).__name__,
+                                extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
+            if len(page) < self.config.reconcile_batch_size:
+                return reconciled, errors
+            after = page[-1].job_id
+
+    def _reconcile_one(self, job: UnknownOutcome, run_id: str) -> int:
+        if job.attempt_id is None:
+            return 0
+        with self.db.connection() as conn:
+            evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
+            if not evidence.observations:
+                return 0
+            expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
+            verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
+                                      listing=None, inspect_error=None)
+            if verdict.resolution is not Resolution.COMPLETED:
+                return 0
+            written = export.reconcile(conn, tenant_id=job.tenant_id, job_id=job.job_id,
+                                       attempt_id=job.attempt_id, resolution=Status.COMPLETED,
+                                       evidence=verdict.summary[:MAX_SUMMARY_CHARS], reconciled_by=run_id)
+        log.info("recovery.reconciled job_id=%s attempt_id=%s run_id=%s written=%s", job.job_id, job.attempt_id,
+                 run_id, written, extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
+        return int(written)

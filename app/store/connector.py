@@ -1,0 +1,58 @@
+"""The one way the application sends SQL: a named statement, with verbs that say how many rows come back.
+
+Every statement goes to the server as ``/* <name> */ <text>``, so ``pg_stat_statements``, the server's
+logs and the lost-response proxy (``app.devtools.pgproxy``) all see which statement ran. Connections
+come from ``app.store.database`` with ``dict_row`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Mapping
+
+import psycopg
+from psycopg import sql
+
+from app.store.statements import STATEMENTS
+
+Params = Mapping[str, Any] | None
+
+
+def text(name: str) -> str:
+    """The statement as the server receives it. Raises KeyError for an unknown name."""
+    return f"/* {name} */ {STATEMENTS[name]}"
+
+
+def execute(conn: psycopg.Connection, name: str, params: Params = None) -> int:
+    """Runs a statement; returns how many rows it changed (or returned)."""
+    return conn.execute(text(name), params).rowcount
+
+
+def fetch_one(conn: psycopg.Connection, name: str, params: Params = None) -> dict[str, Any] | None:
+    """The first row, or None."""
+    return conn.execute(text(name), params).fetchone()
+
+
+def fetch_all(conn: psycopg.Connection, name: str, params: Params = None) -> list[dict[str, Any]]:
+    return conn.execute(text(name), params).fetchall()
+
+
+@contextmanager
+def copy(conn: psycopg.Connection, name: str, params: Params = None) -> Iterator[psycopg.Copy]:
+    """A ``COPY ... FROM STDIN`` or ``TO STDOUT`` statement, open for writing or reading rows."""
+    with conn.cursor() as cur, cur.copy(text(name), params) as copied:
+        yield copied
+
+
+def set_config(conn: psycopg.Connection, setting: str, value: str, *, local: bool) -> None:
+    """``SET [LOCAL]`` with a bound value (SET itself takes no parameters)."""
+    conn.execute("/* set_config */ SELECT set_config(%s, %s, %s)", (setting, value, local))
+
+
+def listen(conn: psycopg.Connection, channel: str) -> None:
+    conn.execute(sql.SQL("/* listen */ LISTEN {}").format(sql.Identifier(channel)))
+
+
+def reset(conn: psycopg.Connection, setting: str) -> None:
+    conn.execute(sql.SQL("/* reset */ RESET {}").format(sql.Identifier(setting)))

@@ -1,0 +1,20 @@
+-- The sweeper: a fresh wake-up for every job left Queued longer than the threshold.
+
+-- name: sweeper_republish_due
+-- Batched, so a large backlog never becomes one long transaction. SKIP LOCKED leaves rows another writer
+-- is changing to the next sweep; the UPDATE re-checks Queued, so a job that left the queue gets nothing.
+WITH due AS (
+    SELECT id FROM export_jobs
+    WHERE status = 'Queued' AND woken_at < clock_timestamp() - make_interval(secs => %(sweep_after_seconds)s)
+    ORDER BY woken_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED),
+swept AS (
+    UPDATE export_jobs j
+    SET woken_at = clock_timestamp(), sweep_count = j.sweep_count + 1
+    FROM due
+    WHERE j.id = due.id AND j.status = 'Queued'
+    RETURNING j.id)
+INSERT INTO outbox (message_id, kind, job_id, created_at)
+SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept
+RETURNING job_id;
