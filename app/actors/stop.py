@@ -33,14 +33,22 @@ class StopSignal:
         self._reason: StopReason | None = None
         self._callbacks: list[Callable[[StopReason], None]] = []
 
-    def set(self, reason: StopReason) -> bool:
-        """Sets the signal; False when it was already set (the first reason stands)."""
+    def set(self, reason: StopReason, *, before_wake: Callable[[], None] | None = None) -> bool:
+        """Sets the signal; False when it was already set (the first reason stands).
+
+        ``before_wake`` runs only if this call is the one that sets the signal, and before the signal
+        is visible as set: whoever then sees it set (a runner ending its build) also sees what it
+        recorded. It must be quick and must not block; the signal is set even if it raises."""
         with self._lock:
             if self._reason is not None:
                 return False
             self._reason = reason
             callbacks = list(self._callbacks)
-            self._event.set()
+            try:
+                if before_wake is not None:
+                    before_wake()
+            finally:
+                self._event.set()
         for callback in callbacks:
             self._run(callback, reason)
         return True

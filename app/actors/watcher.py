@@ -21,8 +21,9 @@ from uuid import UUID
 import psycopg
 
 from app.actors.stop import StopReason, StopSignal
+from app.store import connector
+from app.store import worker as worker_reads
 from app.store.database import connect
-from app.store.queries import QUERIES
 from app.store.types import Role
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ class StopWatcher:
         self._unchecked: set[UUID] = set()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        #: How each confirmed stop was found, for tests and the latency bench.
+        #: How each confirmed stop was found, for tests and the latency bench. Counted before the
+        #: attempt's stop signal is visible as set, so whoever saw the signal set sees the count.
         self.confirmed_by_notify = 0
         self.confirmed_by_poll = 0
         #: Completed polls of every watched attempt; one after a registration means it was checked.
@@ -113,7 +115,7 @@ class StopWatcher:
                 if conn is None or conn.closed:
                     conn = self._connect()
                     if self.listen:
-                        conn.execute(f"LISTEN {CHANNEL}")
+                        connector.listen(conn, CHANNEL)
                     next_poll = 0.0   # whatever was sent while we were away is lost: poll now
                 notified: set[UUID] = set()
                 if self.listen:
@@ -149,6 +151,12 @@ class StopWatcher:
         if conn is not None:
             conn.close()
 
+    def _count_notify(self) -> None:
+        self.confirmed_by_notify += 1
+
+    def _count_poll(self) -> None:
+        self.confirmed_by_poll += 1
+
     def _confirm(self, conn: psycopg.Connection, job_ids: set[UUID] | None, *, by_notify: bool) -> None:
         """Confirms against the row, for the given jobs or every watched one."""
         with self._lock:
@@ -156,14 +164,12 @@ class StopWatcher:
                        if (job_ids is None or job_id in job_ids) and not w.stop.is_set()}
         if not targets:
             return
-        rows = conn.execute(QUERIES["watcher_confirm_stops"], dict(
-            job_ids=list(targets), attempt_ids=[w.attempt_id for w in targets.values()])).fetchall()
-        for row in rows:
-            watched = targets[row["id"]]
-            if watched.stop.set(StopReason.STOP_REQUESTED):
-                if by_notify:
-                    self.confirmed_by_notify += 1
-                else:
-                    self.confirmed_by_poll += 1
+        stopped = worker_reads.confirm_stops(conn, {job_id: w.attempt_id for job_id, w in targets.items()})
+        for job_id in stopped:
+            watched = targets[job_id]
+            # Counted as part of setting the signal, before it wakes the runner: set() returns only
+            # after its callbacks (the builder's query cancel), by which time the run may have ended.
+            if watched.stop.set(StopReason.STOP_REQUESTED,
+                                before_wake=self._count_notify if by_notify else self._count_poll):
                 log.info("watcher.stop_confirmed job_id=%s attempt_id=%s via=%s",
-                         row["id"], watched.attempt_id, "notify" if by_notify else "poll")
+                         job_id, watched.attempt_id, "notify" if by_notify else "poll")

@@ -3,6 +3,7 @@ stop request whose notification never came."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
@@ -48,6 +49,25 @@ def test_polling_finds_a_stop_request_whose_notification_was_missed(seed, admin,
     assert stop.reason is StopReason.STOP_REQUESTED
     assert (watcher.confirmed_by_poll, watcher.confirmed_by_notify) == (1, 0)
     assert not other_stop.is_set()
+
+
+def test_a_confirmed_stop_is_counted_before_the_signal_wakes_anyone(seed, conn, watcher_factory):
+    """set() runs the signal's callbacks (the builder's query cancel) after it wakes the waiters, so
+    a runner can end, and a test read the counters, while the watcher is still inside set()."""
+    job = seed.running()
+    watcher = watcher_factory(poll_seconds=60)
+    stop = StopSignal()
+    in_callback, release = threading.Event(), threading.Event()
+    stop.on_set(lambda _reason: (in_callback.set(), release.wait(10)))   # held like a slow cancel
+    watcher.watch(job.id, job.attempt_id, stop)
+    wait_for(lambda: watcher.polls >= 1, "the first check")
+    try:
+        _stop(conn, job)
+        assert stop.wait(10) and in_callback.wait(10)
+        # The watcher is held inside set(): a waiter that saw the signal must already see the count.
+        assert (watcher.confirmed_by_notify, watcher.confirmed_by_poll) == (1, 0)
+    finally:
+        release.set()
 
 
 def test_a_notification_the_row_does_not_confirm_sets_no_stop(seed, conn, watcher_factory):
