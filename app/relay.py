@@ -18,7 +18,6 @@ polling fallback, and drains in batches until a batch comes back short.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from uuid import UUID
 import dramatiq
 import psycopg
 
+from app import logs
 from app.config import Settings
 from app.store import connector, errors
 from app.store.database import Database, connect
@@ -37,7 +37,7 @@ from app.store.types import Role
 if TYPE_CHECKING:
     from dramatiq import Broker
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: The Dramatiq queue and actor the relay publishes to; they must match ``app/actors/export.py``.
 EXPORT_QUEUE = "exports"
@@ -119,23 +119,18 @@ class Relay:
         for row in rows:
             if row.kind != EXPORT_READY:
                 # No actor takes it; leave it unpublished and visible rather than mark a lie.
-                log.error("relay.unknown_kind message_id=%s job_id=%s kind=%s", row.message_id, row.job_id,
-                          row.kind, extra={"message_id": str(row.message_id), "job_id": str(row.job_id)})
+                log.error("relay.unknown_kind", message_id=row.message_id, job_id=row.job_id, kind=row.kind)
                 continue
             try:
                 self.broker.enqueue(message_for(row, queue_name=self.queue_name))
             except Exception as exc:
                 # The broker is down or refused: this row and the rest stay unpublished for the next
                 # pass. Only the error's class is logged; a broker error can carry its URL.
-                log.warning("relay.broker_unavailable message_id=%s job_id=%s error=%s published=%d",
-                            row.message_id, row.job_id, type(exc).__name__, len(published),
-                            extra={"message_id": str(row.message_id), "job_id": str(row.job_id),
-                                   "error": type(exc).__name__})
+                log.warning("relay.broker_unavailable", message_id=row.message_id, job_id=row.job_id, error=type(exc).__name__, published=len(published))
                 return published, True
             published.append(row.message_id)
             # Per message, so one job can be followed from its outbox row to the worker's log.
-            log.info("relay.enqueued message_id=%s job_id=%s", row.message_id, row.job_id,
-                     extra={"message_id": str(row.message_id), "job_id": str(row.job_id)})
+            log.info("relay.enqueued", message_id=row.message_id, job_id=row.job_id)
         return published, False
 
     def drain(self) -> int:
@@ -147,7 +142,7 @@ class Relay:
             if result.drained:
                 break
         if total:
-            log.info("relay.published count=%d", total, extra={"published": total})
+            log.info("relay.published", count=total)
         return total
 
     # -- the loop -------------------------------------------------------------------------------
@@ -164,7 +159,7 @@ class Relay:
                 try:
                     self.drain()
                 except Exception as exc:
-                    log.warning("relay.pass_failed error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
+                    log.warning("relay.pass_failed", error=type(exc).__name__)
                     stop_event.wait(FAILURE_BACKOFF_SECONDS)
                     continue
                 self._wait(listener, stop_event)
@@ -182,7 +177,7 @@ class Relay:
             connector.listen(conn, OUTBOX_CHANNEL)
         except Exception as exc:
             # Without a listener the poll interval still drains the outbox.
-            log.warning("relay.listen_failed error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
+            log.warning("relay.listen_failed", error=type(exc).__name__)
             return None
         self.listening.set()
         return conn
@@ -202,7 +197,7 @@ class Relay:
                     return
             except Exception as exc:
                 # The listener is re-opened by the loop; the drain that follows covers the gap.
-                log.warning("relay.listener_lost error=%s", type(exc).__name__, extra={"error": type(exc).__name__})
+                log.warning("relay.listener_lost", error=type(exc).__name__)
                 return
 
 
@@ -217,8 +212,7 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
         url = embedded.database_url(settings)
     broker = build_broker(settings)
     with Database(url, Role.DISPATCHER, min_size=1, max_size=2, name="exports-relay") as db:
-        log.info("relay.started batch_size=%d poll_seconds=%g", settings.relay_batch_size,
-                 settings.relay_poll_seconds)
+        log.info("relay.started", batch_size=settings.relay_batch_size, poll_seconds=settings.relay_poll_seconds)
         try:
             Relay(settings, db, broker).run_forever(stop_event)
         finally:

@@ -8,7 +8,6 @@ make is conditional, so any number of schedulers may run at once.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -17,6 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
+from app import logs
 from app.config import Settings
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
 from app.maintenance.scavenger import Scavenger, ScavengerConfig
@@ -24,7 +24,7 @@ from app.maintenance.sweeper import Sweeper, SweeperConfig
 from app.store.database import Database
 from app.store.types import Role
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 
 def _run_logged(name: str, service_run: Callable[[], object]) -> Callable[[], None]:
@@ -33,8 +33,7 @@ def _run_logged(name: str, service_run: Callable[[], object]) -> Callable[[], No
             service_run()
         except Exception as exc:
             # The next interval tries again; one failed run (database unreachable) stops nothing.
-            log.warning("scheduler.run_failed service=%s error=%s", name, type(exc).__name__,
-                        extra={"service": name, "error": type(exc).__name__})
+            log.warning("scheduler.run_failed", service=name, error=type(exc).__name__)
 
     return run
 
@@ -71,9 +70,7 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
     with Database(url, Role.APP, min_size=1, max_size=4, name="exports-scheduler") as db:
         scheduler = build_scheduler(settings, db)
         scheduler.start()
-        log.info("scheduler.started recovery_every=%gs sweep_every=%gs scavenge_every=%gs",
-                 settings.recovery_interval_seconds, settings.sweep_interval_seconds,
-                 settings.scavenge_interval_seconds)
+        log.info("scheduler.started", recovery_every=settings.recovery_interval_seconds, sweep_every=settings.sweep_interval_seconds, scavenge_every=settings.scavenge_interval_seconds)
         try:
             stop_event.wait()
         finally:

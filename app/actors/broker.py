@@ -12,7 +12,6 @@ the export actor is declared, which is what makes ``dramatiq app.actors.worker``
 
 from __future__ import annotations
 
-import logging
 import threading
 from pathlib import Path
 
@@ -21,10 +20,11 @@ import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 
+from app import logs
 from app.actors.dedup import Deduplicate, LocalSeen, RedisSeen
 from app.config import Settings
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: The embedded Redis's data file, under the state directory.
 EMBEDDED_REDIS_FILE = "redis.db"
@@ -48,7 +48,7 @@ class _EmbeddedRedisPool(redis.ConnectionPool):
                 # Under a lock: processes starting together would otherwise start a server each.
                 self._server = embedded.open_redis(self.db_path)
                 self.connection_kwargs["path"] = self._server.socket_file
-                log.info("broker.embedded_redis_started socket=%s", self._server.socket_file)
+                log.info("broker.embedded_redis_started", socket=self._server.socket_file)
         return super().make_connection()
 
 

@@ -15,7 +15,6 @@ the scavenger can tie any file it finds to an attempt.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +23,14 @@ from uuid import UUID
 
 import psycopg
 
+from app import logs
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
 from app.store import worker as worker_reads
 from app.store.database import connect
 from app.store.types import Role
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 APPLICATION_NAME = "exports-builder"
 
@@ -69,7 +69,7 @@ def remove_quietly(path: Path) -> bool:
         path.unlink(missing_ok=True)
         return True
     except OSError as exc:
-        log.error("builder.remove_failed path=%s error=%s", path, type(exc).__name__)
+        log.error("builder.remove_failed", path=path, error=type(exc).__name__)
         return False
 
 

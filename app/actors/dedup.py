@@ -13,7 +13,6 @@ evaluation before its claim matches nothing.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +22,9 @@ import redis
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 
-log = logging.getLogger(__name__)
+from app import logs
+
+log = logs.get(__name__)
 
 #: How long a processed message id is remembered, in seconds. A later copy (a relay retry, a
 #: redelivery after a lost ack) normally arrives within minutes; after this the claim still guards.
@@ -92,10 +93,10 @@ class Deduplicate(Middleware):
         try:
             seen = self.store.seen(message.message_id)
         except Exception as exc:
-            log.warning("dedup.check_failed message_id=%s error=%s", message.message_id, type(exc).__name__)
+            log.warning("dedup.check_failed", message_id=message.message_id, error=type(exc).__name__)
             return
         if seen:
-            log.info("dedup.skipped message_id=%s actor=%s", message.message_id, message.actor_name)
+            log.info("dedup.skipped", message_id=message.message_id, actor=message.actor_name)
             raise SkipMessage("message %s was already processed" % message.message_id)
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
@@ -104,4 +105,4 @@ class Deduplicate(Middleware):
         try:
             self.store.remember(message.message_id)
         except Exception as exc:
-            log.warning("dedup.record_failed message_id=%s error=%s", message.message_id, type(exc).__name__)
+            log.warning("dedup.record_failed", message_id=message.message_id, error=type(exc).__name__)

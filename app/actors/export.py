@@ -24,13 +24,13 @@ Options, set deliberately rather than inherited:
 from __future__ import annotations
 
 import atexit
-import logging
 import threading
 from typing import Callable
 from uuid import UUID
 
 import dramatiq
 
+from app import logs
 from app.actors.builder import ContactsBuilder
 from app.actors.lease import Leases
 from app.actors.policy import ExportPolicy
@@ -40,7 +40,7 @@ from app.config import Settings
 from app.store.database import Database
 from app.store.types import Role
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 QUEUE = "exports"
 ACTOR_NAME = "export_ready"
@@ -69,8 +69,7 @@ def declare(broker: dramatiq.Broker, run: Run | None = None, **options: object) 
 
     def export_ready(job_id: str) -> None:
         result = (run or process_runner().run)(UUID(job_id))
-        log.info("export.processed job_id=%s outcome=%s attempt_id=%s",
-                 job_id, result.outcome.value, result.attempt_id)
+        log.info("export.processed", job_id=job_id, outcome=result.outcome.value, attempt_id=result.attempt_id)
         if result.outcome is RunOutcome.CLAIM_UNKNOWN:
             raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")
 
@@ -90,7 +89,7 @@ class StopPreparationOnShutdown(dramatiq.Middleware):
         if runner is not None:
             stopped = runner.shutdown()
             if stopped:
-                log.info("export.shutdown_stopped_preparation attempts=%s", stopped)
+                log.info("export.shutdown_stopped_preparation", attempts=stopped)
 
 
 _runner: ExportRunner | None = None

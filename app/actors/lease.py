@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,12 +28,13 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 
+from app import logs
 from app.actors.stop import StopReason, StopSignal
 from app.store import export
 from app.store.database import connect
 from app.store.types import RenewResult, Role
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: How many times ``renew_now`` tries a renewal that raises before it gives up.
 RENEW_NOW_TRIES = 3
@@ -124,7 +124,7 @@ class LeaseKeeper:
             except JobLookupError:
                 pass
             except Exception:   # the scheduler shut down first: nothing left to stop
-                log.debug("lease.remove_failed job_id=%s", self.job_id, exc_info=True)
+                log.debug("lease.remove_failed", job_id=self.job_id, exc_info=True)
         with self._lock:
             self._close()
 
@@ -146,8 +146,7 @@ class LeaseKeeper:
                                       lease_seconds=self.lease_seconds)
         except Exception as exc:
             # Retried at the next interval; nothing stops. The connection may be dead: open a new one.
-            log.warning("lease.renew_failed job_id=%s attempt_id=%s error=%s",
-                        self.job_id, self.attempt_id, type(exc).__name__)
+            log.warning("lease.renew_failed", job_id=self.job_id, attempt_id=self.attempt_id, error=type(exc).__name__)
             self._close()
             result = RenewResult.FAILED
         self.history.append(Renewal(kind, result, started, time.monotonic()))
@@ -156,7 +155,7 @@ class LeaseKeeper:
                 # The attempt's last write is behind it: no row is the expected answer, not a loss.
                 return result
             self.lost = True
-            log.warning("lease.lost job_id=%s attempt_id=%s", self.job_id, self.attempt_id)
+            log.warning("lease.lost", job_id=self.job_id, attempt_id=self.attempt_id)
             self._stop.set(StopReason.LEASE_LOST)
             self._cancel_schedule()
         return result

@@ -11,16 +11,16 @@ and is active), and the scope of what it may export (only contacts who consented
 from __future__ import annotations
 
 import enum
-import logging
 from dataclasses import dataclass
 
 import psycopg
 
+from app import logs
 from app.delivery.destination import DestinationConfig, DestinationError
 from app.store import directory
 from app.store.worker import JobView
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 
 class Scope(enum.Enum):
@@ -60,6 +60,6 @@ class ExportPolicy:
         try:
             config = DestinationConfig.from_row(row)
         except (ValueError, DestinationError) as exc:
-            log.warning("policy.destination_unusable destination_id=%s error=%s", job.destination_id, exc)
+            log.warning("policy.destination_unusable", destination_id=job.destination_id, error=exc)
             return Decision(Refusal.DESTINATION_UNUSABLE)
         return Decision(None, scope=Scope.CONSENTING_CONTACTS, destination=config)

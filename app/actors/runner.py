@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 import os
 import socket
 import threading
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 from uuid import UUID
 
+from app import logs
 from app.delivery import destination as dest
 from app.actors.builder import BuildFailed, BuildStopped, BuiltFile, ContactsBuilder
 from app.delivery.classifier import Stage, classify
@@ -42,7 +42,7 @@ from app.store.types import (
     WriteResult,
 )
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 
 class RunOutcome(enum.Enum):
@@ -122,8 +122,7 @@ class ExportRunner:
                 # Queued -> Rejected, this version only: after an edit this matches nothing, and the
                 # edit's own wake-up brings the job back for a fresh evaluation.
                 rejected = export.reject(conn, job_id=job.id, checked_version=job.version)
-                log.info("runner.rejected job_id=%s version=%s refusal=%s written=%s",
-                         job.id, job.version, decision.refusal.value, rejected)
+                log.info("runner.rejected", job_id=job.id, version=job.version, refusal=decision.refusal.value, written=rejected)
                 return RunResult(RunOutcome.REJECTED)
 
         # Cutoff 1.
@@ -135,7 +134,7 @@ class ExportRunner:
             return RunResult(RunOutcome.CLAIM_UNKNOWN, attempt_id)   # leave the message unsettled
         if claim is ClaimResult.LOST:
             return RunResult(RunOutcome.NOT_CLAIMED)
-        log.info("runner.claimed job_id=%s attempt_id=%s worker_id=%s", job.id, attempt_id, worker_id)
+        log.info("runner.claimed", job_id=job.id, attempt_id=attempt_id, worker_id=worker_id)
 
         # From the confirmed claim to the attempt's last write: one stop signal, one lease keeper.
         stop = StopSignal()
@@ -182,7 +181,7 @@ class ExportRunner:
 
             match cutoff:
                 case AuthorizationResult.AUTHORIZED:
-                    log.info("runner.authorized job_id=%s attempt_id=%s size=%s", job.id, attempt_id, built.size)
+                    log.info("runner.authorized", job_id=job.id, attempt_id=attempt_id, size=built.size)
                     return Prepared(built, expected, original)
                 case AuthorizationResult.STOP_RECORDED:
                     write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id,
@@ -195,8 +194,7 @@ class ExportRunner:
                     return RunResult(RunOutcome.FAILED, attempt_id, write)
                 case AuthorizationResult.LEASE_LAPSED | AuthorizationResult.NOT_OWNER | AuthorizationResult.UNKNOWN:
                     # Write nothing to the row: recovery takes it from here.
-                    log.warning("runner.not_authorized job_id=%s attempt_id=%s cutoff=%s",
-                                job.id, attempt_id, cutoff.value)
+                    log.warning("runner.not_authorized", job_id=job.id, attempt_id=attempt_id, cutoff=cutoff.value)
                     return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildStopped as stopped:
             if stopped.reason is StopReason.STOP_REQUESTED:
@@ -204,12 +202,11 @@ class ExportRunner:
                                             stop_point="WhileBuilding")
                 return RunResult(RunOutcome.STOPPED, attempt_id, write)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
-            log.warning("runner.build_abandoned job_id=%s attempt_id=%s reason=%s",
-                        job.id, attempt_id, stopped.reason.value)
+            log.warning("runner.build_abandoned", job_id=job.id, attempt_id=attempt_id, reason=stopped.reason.value)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildFailed as failed:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
-            log.warning("runner.build_failed job_id=%s attempt_id=%s error=%s", job.id, attempt_id, failed)
+            log.warning("runner.build_failed", job_id=job.id, attempt_id=attempt_id, error=failed)
             write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                        failure_reason=FailureCode.BUILD_FAILED, detail=str(failed)[:300])
             return RunResult(RunOutcome.FAILED, attempt_id, write)
@@ -256,12 +253,10 @@ class ExportRunner:
             try:
                 self._append_evidence(job.id, attempt_id, observed_by, _outcome_detail(outcome, attempt_id))
             except Exception as exc:
-                log.error("runner.evidence_not_recorded job_id=%s attempt_id=%s error=%s",
-                          job.id, attempt_id, type(exc).__name__)
+                log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id, error=type(exc).__name__)
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                          outcome=status, failure_reason=code, detail=detail)
-            log.info("runner.delivered job_id=%s attempt_id=%s outcome=%s write=%s",
-                     job.id, attempt_id, status.value, write.value)
+            log.info("runner.delivered", job_id=job.id, attempt_id=attempt_id, outcome=status.value, write=write.value)
             if interrupted is not None:
                 raise interrupted
             return RunResult(RunOutcome.DELIVERED, attempt_id, write, status)

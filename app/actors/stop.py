@@ -7,11 +7,12 @@ shutdown all end preparation the same way; the reason decides what the runner ma
 from __future__ import annotations
 
 import enum
-import logging
 import threading
 from typing import Callable
 
-log = logging.getLogger(__name__)
+from app import logs
+
+log = logs.get(__name__)
 
 
 class StopReason(enum.Enum):
@@ -85,7 +86,7 @@ class StopSignal:
         try:
             callback(reason)
         except Exception:   # a callback must never keep the signal from reaching the others
-            log.exception("stop.callback_failed reason=%s", reason.value)
+            log.exception("stop.callback_failed", reason=reason.value)
 
     def __repr__(self) -> str:
         return f"StopSignal(reason={self._reason.value if self._reason else None})"

@@ -11,7 +11,6 @@ Cutoff 2 refuses delivery after a recorded stop request whether or not the watch
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -20,13 +19,14 @@ from uuid import UUID
 
 import psycopg
 
+from app import logs
 from app.actors.stop import StopReason, StopSignal
 from app.store import connector
 from app.store import worker as worker_reads
 from app.store.database import connect
 from app.store.types import Role
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 CHANNEL = "exports_stop"
 #: The longest the listener blocks before it looks at newly registered watches, in seconds.
@@ -140,7 +140,7 @@ class StopWatcher:
                 elif fresh - notified:
                     self._confirm(conn, fresh - notified, by_notify=False)
             except Exception as exc:
-                log.warning("watcher.connection_failed error=%s", type(exc).__name__)
+                log.warning("watcher.connection_failed", error=type(exc).__name__)
                 if conn is not None:
                     try:
                         conn.close()
@@ -171,5 +171,4 @@ class StopWatcher:
             # after its callbacks (the builder's query cancel), by which time the run may have ended.
             if watched.stop.set(StopReason.STOP_REQUESTED,
                                 before_wake=self._count_notify if by_notify else self._count_poll):
-                log.info("watcher.stop_confirmed job_id=%s attempt_id=%s via=%s",
-                         job_id, watched.attempt_id, "notify" if by_notify else "poll")
+                log.info("watcher.stop_confirmed", job_id=job_id, attempt_id=watched.attempt_id, via="notify" if by_notify else "poll")

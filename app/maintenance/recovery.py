@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 from uuid import UUID
 
+from app import logs
 from app.config import Settings
 from app.delivery.destination import Destination, DestinationConfig, Evidence, EvidenceStage, Listing
 from app.delivery.verdicts import DeliveryVerdict, Resolution, decide_delivery, expected_file, parse_evidence
@@ -30,7 +30,7 @@ from app.store.database import Database
 from app.store.recovery import ExpiredAttempt, UnknownOutcome
 from app.store.types import Status
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: Expired attempts one recovery scan nominates.
 DEFAULT_RECOVERY_BATCH = 100
@@ -144,27 +144,23 @@ class Recovery:
         counts["errors"] += reconcile_errors
         result = RecoveryCounts(**counts)
         if any(result.as_fields().values()):
-            log.info("recovery.run run_id=%s %s", run_id, " ".join(f"{k}={v}" for k, v in counts.items() if v),
-                     extra={"run_id": run_id, **counts})
+            log.info("recovery.run", run_id=run_id, **{k: v for k, v in counts.items() if v})
         return result
 
     def _take_over_logged(self, job: ExpiredAttempt, run_id: str, counts: dict[str, int]) -> bool:
         """Counts and logs one takeover; True when it left the expired set (written or not matched)."""
-        fields = {"job_id": str(job.job_id), "attempt_id": str(job.attempt_id), "tenant_id": str(job.tenant_id),
-                  "run_id": run_id}
         try:
             takeover, written = self._take_over(job, run_id)
         except Exception as exc:
             # The write may have committed without an answer; the next run's scan tells.
             counts["errors"] += 1
-            log.warning("recovery.takeover_failed job_id=%s attempt_id=%s run_id=%s error=%s",
-                        job.job_id, job.attempt_id, run_id, type(exc).__name__,
-                        extra={**fields, "error": type(exc).__name__})
+            log.warning("recovery.takeover_failed", job_id=job.job_id, attempt_id=job.attempt_id,
+                        tenant_id=job.tenant_id, run_id=run_id, error=type(exc).__name__)
             return False
         counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
         event = takeover.value if written else "not_matched"
-        log.info("recovery.%s job_id=%s attempt_id=%s run_id=%s", event, job.job_id, job.attempt_id, run_id,
-                 extra={**fields, "takeover": takeover.value, "written": written})
+        log.info(f"recovery.{event}", job_id=job.job_id, attempt_id=job.attempt_id, tenant_id=job.tenant_id,
+                 run_id=run_id, takeover=takeover.value, written=written)
         return True
 
     def _take_over(self, job: ExpiredAttempt, run_id: str) -> tuple[Takeover, bool]:
@@ -203,9 +199,7 @@ class Recovery:
         except Exception as exc:
             # The class only: a destination error can name hosts or paths, never the summary's business.
             inspect_error = type(exc).__name__
-            log.warning("recovery.inspect_failed job_id=%s attempt_id=%s run_id=%s error=%s",
-                        job.job_id, job.attempt_id, run_id, inspect_error,
-                        extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
+            log.warning("recovery.inspect_failed", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id, error=inspect_error)
         expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
         with self.db.connection() as conn:
             evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
@@ -233,9 +227,7 @@ class Recovery:
                     reconciled += self._reconcile_one(job, run_id)
                 except Exception as exc:
                     errors += 1
-                    log.warning("recovery.reconcile_failed job_id=%s attempt_id=%s run_id=%s error=%s",
-                                job.job_id, job.attempt_id, run_id, type(exc).__name__,
-                                extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
+                    log.warning("recovery.reconcile_failed", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id, error=type(exc).__name__)
             if len(page) < self.config.reconcile_batch_size:
                 return reconciled, errors
             after = page[-1].job_id
@@ -255,6 +247,5 @@ class Recovery:
             written = export.reconcile(conn, tenant_id=job.tenant_id, job_id=job.job_id,
                                        attempt_id=job.attempt_id, resolution=Status.COMPLETED,
                                        evidence=verdict.summary[:MAX_SUMMARY_CHARS], reconciled_by=run_id)
-        log.info("recovery.reconciled job_id=%s attempt_id=%s run_id=%s written=%s", job.job_id, job.attempt_id,
-                 run_id, written, extra={"job_id": str(job.job_id), "attempt_id": str(job.attempt_id)})
+        log.info("recovery.reconciled", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id, written=written)
         return int(written)

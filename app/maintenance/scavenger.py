@@ -8,9 +8,7 @@ once they are older than a grace period.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import logging
 import re
 import stat as stat_module
 import time
@@ -18,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
 
+from app import logs
 from app.config import Settings
 from app.store import scavenger
 from app.store.database import Database
 from app.store.scavenger import AttemptState
 from app.store.types import Status
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: Seconds a local file that matches no job is kept before the scavenger deletes it.
 DEFAULT_ORPHAN_GRACE_SECONDS = 24 * 3600.0
@@ -103,25 +102,19 @@ class Scavenger:
             if fate in (FileFate.KEEP, FileFate.YOUNG_ORPHAN):
                 kept += 1
                 continue
-            fields = {"job_id": str(file.job_id), "attempt_id": str(file.attempt_id), "file": file.path.name,
-                      "reason": fate.value}
             try:
                 file.path.unlink()
             except FileNotFoundError:
                 continue   # the worker removed it meanwhile: nothing left to do
             except OSError as exc:
                 failed += 1
-                log.warning("scavenger.delete_failed job_id=%s attempt_id=%s file=%s reason=%s error=%s",
-                            file.job_id, file.attempt_id, file.path.name, fate.value, type(exc).__name__,
-                            extra={**fields, "error": type(exc).__name__})
+                log.warning("scavenger.delete_failed", job_id=file.job_id, attempt_id=file.attempt_id, file=file.path.name, reason=fate.value, error=type(exc).__name__)
                 continue
             deleted += 1
-            log.info("scavenger.deleted job_id=%s attempt_id=%s file=%s reason=%s",
-                     file.job_id, file.attempt_id, file.path.name, fate.value, extra=fields)
+            log.info("scavenger.deleted", job_id=file.job_id, attempt_id=file.attempt_id, file=file.path.name, reason=fate.value)
         counts = ScavengeCounts(examined=len(files), deleted=deleted, kept=kept, failed=failed)
         if deleted or failed:
-            log.info("scavenger.run examined=%d deleted=%d kept=%d failed=%d", counts.examined, deleted, kept,
-                     failed, extra=dataclasses.asdict(counts))
+            log.info("scavenger.run", examined=counts.examined, deleted=deleted, kept=kept, failed=failed)
         return counts
 
     def _export_files(self) -> list[_ExportFile]:

@@ -7,14 +7,14 @@ Queued), so any number of schedulers may sweep at once.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
+from app import logs
 from app.config import Settings
 from app.store import sweeper
 from app.store.database import Database
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,10 @@ class Sweeper:
             batches += 1
             republished += len(jobs)
             for job_id in jobs:
-                log.info("sweeper.republished job_id=%s", job_id, extra={"job_id": str(job_id)})
+                log.info("sweeper.republished", job_id=job_id)
             if len(jobs) < self.config.batch_size:
                 break
         counts = SweepCounts(republished=republished, batches=batches)
         if republished:
-            log.info("sweeper.run republished=%d batches=%d", republished, batches,
-                     extra={"republished": republished, "batches": batches})
+            log.info("sweeper.run", republished=republished, batches=batches)
         return counts

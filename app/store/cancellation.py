@@ -8,17 +8,17 @@ the request id is answered from the recorded row.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
+from app import logs
 from app.store import connector, errors
 from app.store.errors import ChangedUnderLock, Violation
 from app.store.types import CancellationOutcome, CancellationReply, CancellationResult, Status
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: How long each statement of the transaction waits for the job's row lock before answering Busy.
 LOCK_TIMEOUT = "2s"
@@ -55,7 +55,7 @@ def request_cancellation(
             raise
         # lock_timeout fired: this transaction decided and recorded nothing. An earlier submission with
         # the same id may have committed, so the client retries with the same id.
-        log.info("cancellation busy", extra={"job_id": str(job_id), "request_id": str(request_id)})
+        log.info("cancellation.busy", job_id=job_id, request_id=request_id)
         return CancellationResult(CancellationReply.BUSY, request_id)
     except psycopg.IntegrityError as exc:
         if errors.violation(exc) is not Violation.REQUEST_ID_TAKEN:
@@ -75,8 +75,7 @@ def _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason
         found = connector.fetch_one(conn, "cancellation_lock_job", dict(job_id=job_id, tenant_id=tenant_id))
         if found is None:
             # Another tenant's job looks exactly like a missing one; nothing is recorded against any job.
-            log.info("cancellation for a job this tenant cannot see",
-                     extra={"tenant_id": str(tenant_id), "job_id": str(job_id), "requested_by": requested_by})
+            log.info("cancellation.not_found", tenant_id=tenant_id, job_id=job_id, requested_by=requested_by)
             return CancellationResult(CancellationReply.NOT_FOUND, request_id)
 
         # Checked under the lock, so two submissions of one click are serialized here. The first
@@ -95,8 +94,7 @@ def _decide_and_record(conn, tenant_id, job_id, request_id, requested_by, reason
         else:
             changed = 1   # these outcomes change nothing on the job
         if changed != 1:
-            log.critical("job changed under its row lock; outcome not recorded",
-                         extra={"job_id": str(job_id), "outcome": outcome.value})
+            log.critical("cancellation.changed_under_lock", job_id=job_id, outcome=outcome.value)
             raise ChangedUnderLock(f"export {job_id} changed under its row lock")
 
         inserted = connector.execute(conn, "cancellation_record", dict(

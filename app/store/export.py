@@ -8,13 +8,13 @@ lost response by re-reading state and ownership together on a fresh connection.
 from __future__ import annotations
 
 import enum
-import logging
 from typing import Callable
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from app import logs
 from app.store import connector, errors
 from app.store.database import Database
 from app.store.errors import Violation
@@ -32,7 +32,7 @@ from app.store.types import (
     WriteResult,
 )
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: Seconds a lost-response re-read may take before the answer is Unknown.
 REREAD_TIMEOUT_SECONDS = 5
@@ -158,7 +158,7 @@ def _attempt(db: Database, statement: Callable[[psycopg.Connection], int]) -> in
             return statement(conn)
     except Exception as exc:
         if errors.outcome_unknown(exc) or errors.retryable(exc):
-            log.warning("write response lost; re-reading the row", extra={"error": type(exc).__name__})
+            log.warning("store.response_lost", error=type(exc).__name__)
             return None
         raise
 

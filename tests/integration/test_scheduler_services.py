@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.delivery.destination import Evidence, EvidenceStage, Listing
+from app import logs
 from app.config import Settings
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
 from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig
@@ -597,8 +598,9 @@ def test_the_scavenger_logs_each_deletion_with_its_job_and_attempt(app_db, seed,
         Scavenger(app_db, ScavengerConfig.from_settings(settings_for(tmp_path, work_dir=work))).run_once()
 
     [deleted] = [r for r in caplog.records if r.getMessage().startswith("scavenger.deleted")]
-    assert (deleted.job_id, deleted.attempt_id, deleted.reason) == (
-        str(completed.id), str(completed.attempt_id), "attempt_ended")
+    fields = logs.fields_of(deleted)
+    assert (fields["job_id"], fields["attempt_id"], fields["reason"]) == (
+        completed.id, completed.attempt_id, "attempt_ended")
 
 
 def test_the_scavenger_without_a_work_directory_does_nothing(app_db, tmp_path):

@@ -1,0 +1,103 @@
+"""One log style for every process: an event name and its fields.
+
+    log = logs.get(__name__)
+    log.info("runner.claimed", job_id=job.id, attempt_id=attempt_id)
+
+The event name says what happened (``<component>.<what>``); the fields say to what, so one job can be
+followed across relay, workers and scheduler by ``job_id``, ``attempt_id`` and ``message_id``. The
+fields travel on the record as ``record.fields``; the formatters render them as ``key=value`` text or
+as one JSON object per line (``EXPORTS_LOG_FORMAT=json``), the same in every process. Records from
+libraries (Dramatiq, APScheduler, paramiko) go through the same formatter, their message as the event.
+
+Nothing secret is ever passed as a field: the callers pass ids, counts, states and error classes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, MutableMapping, TextIO
+from uuid import UUID
+
+#: The formats ``configure`` accepts.
+FORMATS = ("text", "json")
+_PASSED_THROUGH = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
+
+
+class EventLogger(logging.LoggerAdapter):
+    """A logger whose keyword arguments are the event's fields."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        fields = {key: kwargs.pop(key) for key in list(kwargs) if key not in _PASSED_THROUGH}
+        extra = dict(kwargs.get("extra") or {})
+        extra["fields"] = {**extra.get("fields", {}), **fields}
+        kwargs["extra"] = extra
+        return msg, kwargs
+
+
+def get(name: str) -> EventLogger:
+    return EventLogger(logging.getLogger(name), {})
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    return dict(getattr(record, "fields", None) or {})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (UUID, datetime)):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-12-01T10:00:00.123+00:00 4242 INFO app.actors.runner runner.claimed job_id=... attempt_id=...``"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = [_timestamp(record), str(record.process), record.levelname, record.name, record.getMessage()]
+        parts += [f"{key}={_plain(value)}" for key, value in fields_of(record).items()]
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``pid``, ``event`` and the fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname, "logger": record.name,
+                                   "pid": record.process, "event": record.getMessage()}
+        for key, value in fields_of(record).items():
+            payload.setdefault(key, _plain(value))
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, separators=(",", ":"))
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
+def configure(fmt: str = "text", level: int = logging.INFO, stream: TextIO | None = None) -> None:
+    """Sends every record of this process to ``stream`` (stderr) in ``fmt``, replacing any handler a
+    library installed on the root logger (Dramatiq's worker installs its own)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
