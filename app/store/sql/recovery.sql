@@ -3,11 +3,13 @@
 -- records its event in the same statement.
 
 -- name: recovery_scan_expired
--- Nominates only: every takeover repeats these conditions in its own write.
+-- Nominates only: every takeover repeats these conditions in its own write. The bound is read once
+-- (a scalar subquery), so it is an index condition on ix_export_jobs_lease; a bare clock_timestamp()
+-- is volatile and would be re-evaluated against every Running and Delivering row.
 SELECT id, tenant_id, attempt_id, status, stop_request_id, attempt_count, replaces_job_id,
        expected_file_name, expected_file_bytes, expected_file_sha256, destination_id
 FROM export_jobs
-WHERE status IN ('Running', 'Delivering') AND lease_expires_at < clock_timestamp()
+WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())
 ORDER BY lease_expires_at
 LIMIT %(batch_size)s;
 

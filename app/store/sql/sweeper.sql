@@ -3,9 +3,11 @@
 -- name: sweeper_republish_due
 -- Batched, so a large backlog never becomes one long transaction. SKIP LOCKED leaves rows another writer
 -- is changing to the next sweep; the UPDATE re-checks Queued, so a job that left the queue gets nothing.
+-- The threshold is computed once (a scalar subquery), so it bounds the scan of ix_export_jobs_woken
+-- instead of being re-evaluated on every Queued row.
 WITH due AS (
     SELECT id FROM export_jobs
-    WHERE status = 'Queued' AND woken_at < clock_timestamp() - make_interval(secs => %(sweep_after_seconds)s)
+    WHERE status = 'Queued' AND woken_at < (SELECT clock_timestamp() - make_interval(secs => %(sweep_after_seconds)s))
     ORDER BY woken_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED),
