@@ -58,7 +58,7 @@ class States:
         job = self.seed.running(job)
         if code is FailureCode.ATTEMPTS_EXHAUSTED:
             self.seed.expire_lease(job)
-            assert recovery.exhaust_expired(self.conn, job_id=job.id, expired_attempt_id=job.attempt_id,
+            assert recovery.exhaust_expired(self.conn, [(job.id, job.attempt_id)],
                                             max_attempts=1, recovery_run_id=RECOVERY_RUN)
         else:
             assert export.try_finish_failed(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,

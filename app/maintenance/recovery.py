@@ -133,9 +133,11 @@ class Recovery:
             with self.db.connection() as conn:
                 candidates = recovery.scan_expired(conn, batch_size=self.config.batch_size)
             counts["scanned"] += len(candidates)
-            progressed = False
+            running = [job for job in candidates if job.status is Status.RUNNING]
+            progressed = self._take_over_running(running, run_id, counts)
             for job in candidates:
-                progressed |= self._take_over_logged(job, run_id, counts)
+                if job.status is Status.DELIVERING:
+                    progressed |= self._resolve_logged(job, run_id, counts)
             # A full batch may hide more expired attempts; rescan while this batch moved some
             # (a row whose takeover failed would otherwise be nominated again for ever).
             if len(candidates) < self.config.batch_size or not progressed:
@@ -147,48 +149,69 @@ class Recovery:
             log.info("recovery.run", run_id=run_id, **{k: v for k, v in counts.items() if v})
         return result
 
-    def _take_over_logged(self, job: ExpiredAttempt, run_id: str, counts: dict[str, int]) -> bool:
-        """Counts and logs one takeover; True when it left the expired set (written or not matched)."""
+    def _take_over_running(self, jobs: list[ExpiredAttempt], run_id: str, counts: dict[str, int]) -> bool:
+        """One batch statement per takeover kind; True when some nomination left the expired set."""
+        by_kind: dict[Takeover, list[ExpiredAttempt]] = {}
+        for job in jobs:
+            by_kind.setdefault(decide_running(job, self.config.max_attempts), []).append(job)
+        progressed = False
+        for takeover, nominated in by_kind.items():
+            pairs = [(job.job_id, job.attempt_id) for job in nominated]
+            try:
+                with self.db.connection() as conn:
+                    written = set(self._write_running(conn, takeover, pairs, run_id))
+            except Exception as exc:
+                # The batch may have committed without an answer; the next run's scan tells.
+                counts["errors"] += len(nominated)
+                for job in nominated:
+                    log.warning("recovery.takeover_failed", job_id=job.job_id, attempt_id=job.attempt_id,
+                                tenant_id=job.tenant_id, run_id=run_id, takeover=takeover.value,
+                                error=type(exc).__name__)
+                continue
+            progressed = True
+            for job in nominated:
+                self._count(job, takeover, job.job_id in written, run_id, counts)
+        return progressed
+
+    def _write_running(self, conn, takeover: Takeover, pairs: list[tuple[UUID, UUID]], run_id: str) -> list[UUID]:
+        match takeover:
+            case Takeover.STOP:
+                return recovery.stop_expired(conn, pairs, recovery_run_id=run_id)
+            case Takeover.REQUEUE:
+                return recovery.requeue_expired(conn, pairs, max_attempts=self.config.max_attempts,
+                                                recovery_run_id=run_id)
+            case Takeover.EXHAUST:
+                return recovery.exhaust_expired(conn, pairs, max_attempts=self.config.max_attempts,
+                                                recovery_run_id=run_id)
+            case Takeover.COMPLETE | Takeover.OUTCOME_UNKNOWN:
+                raise AssertionError(f"a Running attempt cannot be resolved as {takeover!r}")
+            case _ as unreachable:
+                assert_never(unreachable)
+
+    def _resolve_logged(self, job: ExpiredAttempt, run_id: str, counts: dict[str, int]) -> bool:
+        """Resolves one expired Delivering attempt from evidence; True when it left the expired set."""
         try:
-            takeover, written = self._take_over(job, run_id)
+            verdict = self._weigh_delivery(job, run_id)
+            takeover = Takeover.COMPLETE if verdict.resolution is Resolution.COMPLETED else Takeover.OUTCOME_UNKNOWN
+            with self.db.connection() as conn:
+                written = recovery.resolve_delivering(
+                    conn, job_id=job.job_id, expired_attempt_id=job.attempt_id, resolution=verdict.resolution.value,
+                    evidence_summary=verdict.summary[:MAX_SUMMARY_CHARS], recovery_run_id=run_id)
         except Exception as exc:
             # The write may have committed without an answer; the next run's scan tells.
             counts["errors"] += 1
             log.warning("recovery.takeover_failed", job_id=job.job_id, attempt_id=job.attempt_id,
                         tenant_id=job.tenant_id, run_id=run_id, error=type(exc).__name__)
             return False
+        self._count(job, takeover, written, run_id, counts)
+        return True
+
+    @staticmethod
+    def _count(job: ExpiredAttempt, takeover: Takeover, written: bool, run_id: str, counts: dict[str, int]) -> None:
         counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
         event = takeover.value if written else "not_matched"
         log.info(f"recovery.{event}", job_id=job.job_id, attempt_id=job.attempt_id, tenant_id=job.tenant_id,
                  run_id=run_id, takeover=takeover.value, written=written)
-        return True
-
-    def _take_over(self, job: ExpiredAttempt, run_id: str) -> tuple[Takeover, bool]:
-        common = dict(job_id=job.job_id, expired_attempt_id=job.attempt_id, recovery_run_id=run_id)
-        if job.status is Status.RUNNING:
-            takeover = decide_running(job, self.config.max_attempts)
-            with self.db.connection() as conn:
-                match takeover:
-                    case Takeover.STOP:
-                        return takeover, recovery.stop_expired(conn, **common)
-                    case Takeover.REQUEUE:
-                        return takeover, recovery.requeue_expired(conn, max_attempts=self.config.max_attempts,
-                                                                  **common)
-                    case Takeover.EXHAUST:
-                        return takeover, recovery.exhaust_expired(conn, max_attempts=self.config.max_attempts,
-                                                                  **common)
-                    case Takeover.COMPLETE | Takeover.OUTCOME_UNKNOWN:
-                        raise AssertionError(f"a Running attempt cannot be resolved as {takeover!r}")
-                    case _ as unreachable:
-                        assert_never(unreachable)
-        if job.status is Status.DELIVERING:
-            verdict = self._weigh_delivery(job, run_id)
-            takeover = Takeover.COMPLETE if verdict.resolution is Resolution.COMPLETED else Takeover.OUTCOME_UNKNOWN
-            with self.db.connection() as conn:
-                return takeover, recovery.resolve_delivering(
-                    conn, resolution=verdict.resolution.value, evidence_summary=verdict.summary[:MAX_SUMMARY_CHARS],
-                    **common)
-        raise AssertionError(f"the scan nominated a {job.status.value} job")
 
     def _weigh_delivery(self, job: ExpiredAttempt, run_id: str) -> DeliveryVerdict:
         # Outside any transaction: a slow destination holds no lock, and a renewal that commits

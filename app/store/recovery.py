@@ -6,6 +6,7 @@ True only when its own conditional write (and its event) committed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -46,23 +47,36 @@ def scan_expired(conn: psycopg.Connection, *, batch_size: int = 100) -> list[Exp
     ]
 
 
-def requeue_expired(conn: psycopg.Connection, *, job_id: UUID, expired_attempt_id: UUID, max_attempts: int,
-                    recovery_run_id: str) -> bool:
-    return connector.execute(conn, "recovery_requeue_expired", dict(
-        job_id=job_id, expired_attempt_id=expired_attempt_id, max_attempts=max_attempts,
-        recovery_run_id=recovery_run_id)) == 1
+#: One nomination: the job and the attempt whose lease the scan saw expired.
+Nomination = tuple[UUID, UUID]
 
 
-def stop_expired(conn: psycopg.Connection, *, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str) -> bool:
-    return connector.execute(conn, "recovery_stop_expired", dict(
-        job_id=job_id, expired_attempt_id=expired_attempt_id, recovery_run_id=recovery_run_id)) == 1
+def _nominations(nominated: Sequence[Nomination]) -> dict[str, list[UUID]]:
+    return dict(job_ids=[job for job, _ in nominated], attempt_ids=[attempt for _, attempt in nominated])
 
 
-def exhaust_expired(conn: psycopg.Connection, *, job_id: UUID, expired_attempt_id: UUID, max_attempts: int,
-                    recovery_run_id: str) -> bool:
-    return connector.execute(conn, "recovery_exhaust_expired", dict(
-        job_id=job_id, expired_attempt_id=expired_attempt_id, max_attempts=max_attempts,
-        recovery_run_id=recovery_run_id)) == 1
+def requeue_expired(conn: psycopg.Connection, nominated: Sequence[Nomination], *, max_attempts: int,
+                    recovery_run_id: str) -> list[UUID]:
+    """Requeues each nominated attempt that is still Running, unstopped, under the cap and expired;
+    returns the jobs requeued (each with its event and a new wake-up)."""
+    rows = connector.fetch_all(conn, "recovery_requeue_expired", dict(
+        _nominations(nominated), max_attempts=max_attempts, recovery_run_id=recovery_run_id))
+    return [r["job_id"] for r in rows]
+
+
+def stop_expired(conn: psycopg.Connection, nominated: Sequence[Nomination], *, recovery_run_id: str) -> list[UUID]:
+    """Stops each nominated attempt that is still Running, expired and has a recorded stop request."""
+    rows = connector.fetch_all(conn, "recovery_stop_expired", dict(
+        _nominations(nominated), recovery_run_id=recovery_run_id))
+    return [r["job_id"] for r in rows]
+
+
+def exhaust_expired(conn: psycopg.Connection, nominated: Sequence[Nomination], *, max_attempts: int,
+                    recovery_run_id: str) -> list[UUID]:
+    """Fails (AttemptsExhausted) each nominated attempt still Running, unstopped and expired at the cap."""
+    rows = connector.fetch_all(conn, "recovery_exhaust_expired", dict(
+        _nominations(nominated), max_attempts=max_attempts, recovery_run_id=recovery_run_id))
+    return [r["job_id"] for r in rows]
 
 
 def resolve_delivering(conn: psycopg.Connection, *, job_id: UUID, expired_attempt_id: UUID, resolution: Status,

@@ -112,7 +112,7 @@ def test_a_claim_that_committed_with_a_failed_reread_is_unknown_and_the_job_stay
 
     # Recovery takes the attempt over once its lease expires.
     seed.expire_lease(job)
-    assert recovery.requeue_expired(conn, job_id=job.id, expired_attempt_id=attempt_id, max_attempts=3,
+    assert recovery.requeue_expired(conn, [(job.id, attempt_id)], max_attempts=3,
                                     recovery_run_id="recovery-1")
     assert seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"]
 

@@ -102,12 +102,12 @@ def _step(seed, model: Model, op: str, back: int) -> None:
                                             resolution=Status.OUTCOME_UNKNOWN, evidence_summary="none",
                                             recovery_run_id="r")
             elif expired.stop_requested:
-                recovery.stop_expired(conn, job_id=job.id, expired_attempt_id=expired.attempt_id, recovery_run_id="r")
-            elif recovery.requeue_expired(conn, job_id=job.id, expired_attempt_id=expired.attempt_id,
+                recovery.stop_expired(conn, [(job.id, expired.attempt_id)], recovery_run_id="r")
+            elif recovery.requeue_expired(conn, [(job.id, expired.attempt_id)],
                                           max_attempts=MAX_ATTEMPTS, recovery_run_id="r"):
                 model.queued_entries += 1
             else:
-                recovery.exhaust_expired(conn, job_id=job.id, expired_attempt_id=expired.attempt_id,
+                recovery.exhaust_expired(conn, [(job.id, expired.attempt_id)],
                                          max_attempts=MAX_ATTEMPTS, recovery_run_id="r")
     elif op == "finish_stopped":
         export.try_finish_stopped(conn, job_id=job.id, attempt_id=attempt, worker_id="w", stop_point="WhileBuilding")

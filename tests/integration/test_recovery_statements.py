@@ -50,8 +50,8 @@ def wait_until_blocked(admin: psycopg.Connection, pid: int, by: int, timeout: fl
 
 
 def requeue(conn, job, max_attempts: int = MAX_ATTEMPTS) -> bool:
-    return recovery.requeue_expired(conn, job_id=job.id, expired_attempt_id=job.attempt_id,
-                                    max_attempts=max_attempts, recovery_run_id=RUN)
+    return recovery.requeue_expired(conn, [(job.id, job.attempt_id)],
+                                    max_attempts=max_attempts, recovery_run_id=RUN) == [job.id]
 
 
 def resolve(conn, job, resolution: Status) -> bool:
@@ -219,9 +219,9 @@ def test_an_expired_attempt_with_a_stop_request_ends_stopped_by_recovery(conn, s
     outbox_before = seed.outbox(job)
 
     assert requeue(conn, job) is False   # a stop request is never turned into another attempt
-    assert recovery.exhaust_expired(conn, job_id=job.id, expired_attempt_id=job.attempt_id,
-                                    max_attempts=1, recovery_run_id=RUN) is False
-    assert recovery.stop_expired(conn, job_id=job.id, expired_attempt_id=job.attempt_id, recovery_run_id=RUN)
+    assert recovery.exhaust_expired(conn, [(job.id, job.attempt_id)],
+                                    max_attempts=1, recovery_run_id=RUN) == []
+    assert recovery.stop_expired(conn, [(job.id, job.attempt_id)], recovery_run_id=RUN)
 
     row = seed.row(job)
     assert row["status"] == "Stopped" and row["attempt_id"] == job.attempt_id and row["lease_expires_at"] is None
@@ -235,8 +235,8 @@ def test_an_expired_attempt_at_the_attempt_cap_ends_failed_attempts_exhausted(co
     seed.expire_lease(job)
 
     assert requeue(conn, job, max_attempts=1) is False
-    assert recovery.stop_expired(conn, job_id=job.id, expired_attempt_id=job.attempt_id, recovery_run_id=RUN) is False
-    assert recovery.exhaust_expired(conn, job_id=job.id, expired_attempt_id=job.attempt_id, max_attempts=1,
+    assert recovery.stop_expired(conn, [(job.id, job.attempt_id)], recovery_run_id=RUN) == []
+    assert recovery.exhaust_expired(conn, [(job.id, job.attempt_id)], max_attempts=1,
                                     recovery_run_id=RUN)
 
     row = seed.row(job)
@@ -277,6 +277,44 @@ def test_a_cancellation_after_a_requeue_records_canceled_while_queued_with_the_a
 # --- how recovery ends an expired Delivering attempt ----------------------------------------------
 
 
+def test_a_batch_of_requeues_takes_over_each_expired_attempt_with_its_own_event_and_skips_a_renewed_one(conn, seed):
+    jobs = [seed.running() for _ in range(3)]
+    for job in jobs:
+        seed.expire_lease(job)
+    renewed = jobs[1]
+    assert renew(conn, renewed) is RenewResult.RENEWED   # after the scan would have nominated it
+
+    requeued = recovery.requeue_expired(conn, [(j.id, j.attempt_id) for j in jobs], max_attempts=MAX_ATTEMPTS,
+                                        recovery_run_id=RUN)
+
+    assert sorted(requeued) == sorted([jobs[0].id, jobs[2].id])
+    for job in (jobs[0], jobs[2]):
+        assert seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"] and len(seed.outbox(job)) == 2
+    assert seed.status(renewed) is Status.RUNNING and seed.event_kinds(renewed) == ["Claimed"]
+
+
+def test_a_second_recovery_of_the_same_batch_waits_for_the_first_and_then_requeues_nothing(
+        connect_as, admin, seed, threads):
+    jobs = sorted((seed.running() for _ in range(4)), key=lambda j: j.id)
+    for job in jobs:
+        seed.expire_lease(job)
+    first, second = connect_as(Role.APP, autocommit=False), connect_as(Role.APP, autocommit=False)
+    pairs = [(j.id, j.attempt_id) for j in jobs]
+    # The first locks and requeues the whole batch and holds it; the second, given the nominations in
+    # the opposite order, waits for it rather than locking half the batch and deadlocking.
+    assert len(recovery.requeue_expired(first, pairs, max_attempts=MAX_ATTEMPTS, recovery_run_id="one")) == 4
+    later = threads.submit(recovery.requeue_expired, second, list(reversed(pairs)), max_attempts=MAX_ATTEMPTS,
+                           recovery_run_id="two")
+    wait_until_blocked(admin, second.info.backend_pid, by=first.info.backend_pid)
+    first.commit()
+
+    assert later.result(timeout=10) == []
+    second.commit()
+    for job in jobs:
+        assert seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"]
+
+
+
 @pytest.mark.parametrize("resolution", [Status.COMPLETED, Status.OUTCOME_UNKNOWN])
 def test_an_expired_delivering_attempt_is_resolved_completed_or_outcome_unknown_with_its_event(conn, seed, resolution):
     job = seed.delivering()
@@ -299,8 +337,8 @@ def test_an_expired_delivering_attempt_is_never_resolved_failed_or_queued(conn, 
     assert resolve(conn, job, resolution) is False
     # Nor do the Running takeovers reach it: a delivering attempt is never retried.
     assert requeue(conn, job) is False
-    assert recovery.exhaust_expired(conn, job_id=job.id, expired_attempt_id=job.attempt_id, max_attempts=1,
-                                    recovery_run_id=RUN) is False
+    assert recovery.exhaust_expired(conn, [(job.id, job.attempt_id)], max_attempts=1,
+                                    recovery_run_id=RUN) == []
 
     assert seed.row(job) == before
     assert seed.outbox(job) == outbox_before
@@ -388,8 +426,9 @@ def test_a_job_that_crashes_on_every_attempt_ends_failed_attempts_exhausted_at_t
         # One recovery pass, as the scheduler runs it: requeue, or exhaust at the cap.
         [nominee] = recovery.scan_expired(conn)
         assert nominee.attempt_id == attempt_id
-        kw = dict(job_id=job.id, expired_attempt_id=attempt_id, max_attempts=MAX_ATTEMPTS, recovery_run_id=RUN)
-        assert recovery.requeue_expired(conn, **kw) or recovery.exhaust_expired(conn, **kw)
+        kw = dict(max_attempts=MAX_ATTEMPTS, recovery_run_id=RUN)
+        nominated = [(job.id, attempt_id)]
+        assert recovery.requeue_expired(conn, nominated, **kw) or recovery.exhaust_expired(conn, nominated, **kw)
 
     row = seed.row(job)
     assert (row["status"], row["failure_reason"], row["attempt_count"]) == ("Failed", "AttemptsExhausted", MAX_ATTEMPTS)

@@ -24,7 +24,7 @@ def _requeue(worker, job):
     """Recovery's takeover of an expired Running attempt, committed."""
     attempt_id = _attempt(worker, job)
     worker.seed.expire_lease(job)
-    assert recovery.requeue_expired(worker.conn, job_id=job.id, expired_attempt_id=attempt_id, max_attempts=5,
+    assert recovery.requeue_expired(worker.conn, [(job.id, attempt_id)], max_attempts=5,
                                     recovery_run_id=RUN)
 
 

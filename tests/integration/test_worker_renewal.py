@@ -120,8 +120,7 @@ def test_a_renewal_that_finds_no_row_before_finish_reports_the_lost_lease(seed, 
     job = seed.running()
     keeper, stop = _keeper(db_url, scheduler, job, renew_seconds=0.2)
     seed.expire_lease(job)
-    assert recovery.requeue_expired(
-        seed.conn, job_id=job.id, expired_attempt_id=job.attempt_id, max_attempts=5, recovery_run_id="r")
+    assert recovery.requeue_expired(seed.conn, [(job.id, job.attempt_id)], max_attempts=5, recovery_run_id="r")
 
     assert stop.wait(10)
     assert keeper.lost and stop.reason.value == "LeaseLost"

@@ -13,20 +13,34 @@ WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_t
 ORDER BY lease_expires_at
 LIMIT %(batch_size)s;
 
+-- The three takeovers of an expired Running attempt each take a batch of nominations, (job, attempt)
+-- pairs, and repeat every condition for each row. The nominated rows are locked in id order first, so
+-- two recoveries (or a recovery and any writer of one row) never deadlock, and a renewal or a late
+-- authorization that holds a row makes the takeover wait and then re-evaluate, as a single-row write
+-- would. Each row taken over inserts its own event.
+
 -- name: recovery_requeue_expired
 -- An expired Running attempt with no stop request, under the attempt cap, goes back to the queue with
 -- its event and a new wake-up.
-WITH requeued AS (
-    UPDATE export_jobs
+WITH nominated AS (
+    SELECT job_id, attempt_id FROM unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS n (job_id, attempt_id)),
+locked AS (
+    SELECT j.id FROM export_jobs j JOIN nominated n ON j.id = n.job_id
+    ORDER BY j.id
+    FOR UPDATE OF j),
+requeued AS (
+    UPDATE export_jobs j
     SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
         woken_at = clock_timestamp()
-    WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
-      AND stop_request_id IS NULL AND attempt_count < %(max_attempts)s
-      AND lease_expires_at < clock_timestamp()
-    RETURNING id),
+    FROM nominated n
+    WHERE j.id = n.job_id AND j.id IN (SELECT id FROM locked)
+      AND j.status = 'Running' AND j.attempt_id = n.attempt_id
+      AND j.stop_request_id IS NULL AND j.attempt_count < %(max_attempts)s
+      AND j.lease_expires_at < clock_timestamp()
+    RETURNING j.id, n.attempt_id),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
-    SELECT id, %(expired_attempt_id)s, 'RequeuedByRecovery', %(recovery_run_id)s, clock_timestamp() FROM requeued)
+    SELECT id, attempt_id, 'RequeuedByRecovery', %(recovery_run_id)s, clock_timestamp() FROM requeued)
 INSERT INTO outbox (message_id, kind, job_id, created_at)
 SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM requeued
 RETURNING job_id;
@@ -34,29 +48,45 @@ RETURNING job_id;
 -- name: recovery_stop_expired
 -- An expired Running attempt with a recorded stop request is stopped. Terminal states keep attempt_id
 -- for audit; only a requeue clears it.
-WITH stopped AS (
-    UPDATE export_jobs
+WITH nominated AS (
+    SELECT job_id, attempt_id FROM unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS n (job_id, attempt_id)),
+locked AS (
+    SELECT j.id FROM export_jobs j JOIN nominated n ON j.id = n.job_id
+    ORDER BY j.id
+    FOR UPDATE OF j),
+stopped AS (
+    UPDATE export_jobs j
     SET status = 'Stopped', lease_expires_at = NULL
-    WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
-      AND stop_request_id IS NOT NULL
-      AND lease_expires_at < clock_timestamp()
-    RETURNING id, attempt_id)
+    FROM nominated n
+    WHERE j.id = n.job_id AND j.id IN (SELECT id FROM locked)
+      AND j.status = 'Running' AND j.attempt_id = n.attempt_id
+      AND j.stop_request_id IS NOT NULL
+      AND j.lease_expires_at < clock_timestamp()
+    RETURNING j.id, j.attempt_id)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
 SELECT id, attempt_id, 'StoppedByRecovery', %(recovery_run_id)s, clock_timestamp() FROM stopped
-RETURNING id;
+RETURNING job_id;
 
 -- name: recovery_exhaust_expired
 -- An expired Running attempt that has used up its attempts fails.
-WITH exhausted AS (
-    UPDATE export_jobs
+WITH nominated AS (
+    SELECT job_id, attempt_id FROM unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS n (job_id, attempt_id)),
+locked AS (
+    SELECT j.id FROM export_jobs j JOIN nominated n ON j.id = n.job_id
+    ORDER BY j.id
+    FOR UPDATE OF j),
+exhausted AS (
+    UPDATE export_jobs j
     SET status = 'Failed', failure_reason = 'AttemptsExhausted', lease_expires_at = NULL
-    WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
-      AND stop_request_id IS NULL AND attempt_count >= %(max_attempts)s
-      AND lease_expires_at < clock_timestamp()
-    RETURNING id, attempt_id)
+    FROM nominated n
+    WHERE j.id = n.job_id AND j.id IN (SELECT id FROM locked)
+      AND j.status = 'Running' AND j.attempt_id = n.attempt_id
+      AND j.stop_request_id IS NULL AND j.attempt_count >= %(max_attempts)s
+      AND j.lease_expires_at < clock_timestamp()
+    RETURNING j.id, j.attempt_id)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
 SELECT id, attempt_id, 'AttemptsExhausted', %(recovery_run_id)s, clock_timestamp() FROM exhausted
-RETURNING id;
+RETURNING job_id;
 
 -- name: recovery_resolve_delivering
 -- An expired Delivering attempt is resolved from evidence, decided before this statement: Completed only
