@@ -97,6 +97,8 @@ class RecoveryCounts:
     outcome_unknown: int = 0
     #: Takeovers that matched nothing: a renewal, another scheduler or the worker got there first.
     not_matched: int = 0
+    #: Expired deliveries another scheduler was inspecting (or had resolved) when this one came to them.
+    claimed_elsewhere: int = 0
     #: OutcomeUnknown jobs reconciled to Completed from appended evidence.
     reconciled: int = 0
     errors: int = 0
@@ -189,14 +191,25 @@ class Recovery:
                 assert_never(unreachable)
 
     def _resolve_logged(self, job: ExpiredAttempt, run_id: str, counts: dict[str, int]) -> bool:
-        """Resolves one expired Delivering attempt from evidence; True when it left the expired set."""
+        """Resolves one expired Delivering attempt from evidence, if this scheduler claims its inspection;
+        True when it left the expired set or another scheduler has it."""
         try:
-            verdict = self._weigh_delivery(job, run_id)
-            takeover = Takeover.COMPLETE if verdict.resolution is Resolution.COMPLETED else Takeover.OUTCOME_UNKNOWN
             with self.db.connection() as conn:
-                written = recovery.resolve_delivering(
-                    conn, job_id=job.job_id, expired_attempt_id=job.attempt_id, resolution=verdict.resolution.value,
-                    evidence_summary=verdict.summary[:MAX_SUMMARY_CHARS], recovery_run_id=run_id)
+                if not recovery.claim_inspection(conn, job_id=job.job_id, attempt_id=job.attempt_id):
+                    # Another scheduler is inspecting it, or has resolved it since the scan.
+                    counts["claimed_elsewhere"] += 1
+                    return True
+                try:
+                    verdict = self._weigh_delivery(conn, job, run_id)
+                    takeover = (Takeover.COMPLETE if verdict.resolution is Resolution.COMPLETED
+                                else Takeover.OUTCOME_UNKNOWN)
+                    written = recovery.resolve_delivering(
+                        conn, job_id=job.job_id, expired_attempt_id=job.attempt_id,
+                        resolution=verdict.resolution.value, evidence_summary=verdict.summary[:MAX_SUMMARY_CHARS],
+                        recovery_run_id=run_id)
+                finally:
+                    if not conn.broken:
+                        recovery.release_inspection(conn, attempt_id=job.attempt_id)
         except Exception as exc:
             # The write may have committed without an answer; the next run's scan tells.
             counts["errors"] += 1
@@ -213,8 +226,8 @@ class Recovery:
         log.info(f"recovery.{event}", job_id=job.job_id, attempt_id=job.attempt_id, tenant_id=job.tenant_id,
                  run_id=run_id, takeover=takeover.value, written=written)
 
-    def _weigh_delivery(self, job: ExpiredAttempt, run_id: str) -> DeliveryVerdict:
-        # Outside any transaction: a slow destination holds no lock, and a renewal that commits
+    def _weigh_delivery(self, conn, job: ExpiredAttempt, run_id: str) -> DeliveryVerdict:
+        # No transaction is open: a slow destination holds no row lock, and a renewal that commits
         # meanwhile makes the resolving write match nothing.
         listing, inspect_error = None, None
         try:
@@ -222,18 +235,17 @@ class Recovery:
         except Exception as exc:
             # The class only: a destination error can name hosts or paths, never the summary's business.
             inspect_error = type(exc).__name__
-            log.warning("recovery.inspect_failed", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id, error=inspect_error)
+            log.warning("recovery.inspect_failed", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id,
+                        error=inspect_error)
         expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
-        with self.db.connection() as conn:
-            evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
-            verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
-                                      listing=listing, inspect_error=inspect_error)
-            if listing is not None:
-                # What recovery saw is evidence too, kept with its provenance before the resolution
-                # is written; appending never changes the status.
-                export.append_evidence(conn, job_id=job.job_id, attempt_id=job.attempt_id, observed_by=run_id,
-                                          detail=Evidence(EvidenceStage.INSPECTED, listing,
-                                                          str(job.attempt_id)).to_detail())
+        evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
+        verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
+                                  listing=listing, inspect_error=inspect_error)
+        if listing is not None:
+            # What recovery saw is evidence too, kept with its provenance before the resolution is
+            # written; appending never changes the status.
+            export.append_evidence(conn, job_id=job.job_id, attempt_id=job.attempt_id, observed_by=run_id,
+                                   detail=Evidence(EvidenceStage.INSPECTED, listing, str(job.attempt_id)).to_detail())
         return verdict
 
     def _reconcile(self, run_id: str) -> tuple[int, int]:

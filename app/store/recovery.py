@@ -119,3 +119,25 @@ def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_
 
 def _bytes(value: object) -> bytes | None:
     return bytes(value) if value is not None else None  # type: ignore[arg-type]
+
+
+#: The advisory-lock class of inspection claims (the key's first half; the attempt's hash is the second).
+INSPECTION_LOCK_CLASS = 0x65787069   # "expi"
+
+
+def claim_inspection(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID) -> bool:
+    """True when this session now holds the attempt's inspection and the attempt still needs it
+    (Delivering, expired). Hold ``conn`` until the resolution is written, then ``release_inspection``."""
+    key = dict(lock_class=INSPECTION_LOCK_CLASS, attempt_id=attempt_id)
+    if not connector.fetch_one(conn, "recovery_claim_inspection", key)["claimed"]:  # type: ignore[index]
+        return False
+    row = connector.fetch_one(conn, "recovery_still_expired_delivering", dict(job_id=job_id, attempt_id=attempt_id))
+    if row is not None and row["expired"]:
+        return True
+    release_inspection(conn, attempt_id=attempt_id)
+    return False
+
+
+def release_inspection(conn: psycopg.Connection, *, attempt_id: UUID) -> None:
+    connector.fetch_one(conn, "recovery_release_inspection",
+                        dict(lock_class=INSPECTION_LOCK_CLASS, attempt_id=attempt_id))

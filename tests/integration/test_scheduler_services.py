@@ -423,7 +423,6 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
     delivering = expired_delivering(seed)
     for job in running:
         seed.expire_lease(job)
-    jobs_ = [*running, delivering]
     settings = settings_for(tmp_path)
     # Each recovery gets its own pool, so each waits on its own backends.
     holder = connect_as(Role.APP)
@@ -434,10 +433,9 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
     pool = ThreadPoolExecutor(max_workers=2)
     try:
         with holder.transaction():
-            # Hold the first nominated row so both recoveries scan the same candidates and then queue
-            # up on the same takeover.
-            first = min(jobs_, key=lambda j: seed.row(j)["lease_expires_at"])
-            holder.execute("SELECT 1 FROM export_jobs WHERE id = %s FOR UPDATE", (first.id,))
+            # Hold a Running row so both recoveries scan the same candidates and then queue up on the same
+            # batch of takeovers.
+            holder.execute("SELECT 1 FROM export_jobs WHERE id = %s FOR UPDATE", (running[0].id,))
             futures = [pool.submit(r.run_once) for r in recoveries]
             _wait_for_waiters(admin, holder.info.backend_pid, 2)
         results = [f.result(DEADLINE) for f in futures]
@@ -447,7 +445,9 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
         second_db.close()
 
     total = RecoveryCounts(**{k: sum(getattr(r, k) for r in results) for k in RecoveryCounts().as_fields()})
-    assert total.requeued == 2 and total.outcome_unknown == 1 and total.not_matched == 3 and total.errors == 0
+    assert (total.requeued, total.outcome_unknown, total.errors) == (2, 1, 0)
+    # The loser's batch matched nothing; its expired delivery was claimed by the winner or already resolved.
+    assert total.not_matched + total.claimed_elsewhere == 3
     for job in running:
         assert [e["kind"] for e in takeover_events(seed, job)] == ["Claimed", "RequeuedByRecovery"]
         assert len(seed.outbox(job)) == 2
@@ -455,11 +455,45 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
         "Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
 
 
+def test_two_schedulers_inspect_the_partner_for_one_expired_delivery_once(app_db, db_url, seed, tmp_path):
+    delivering = expired_delivering(seed)
+    inspecting, release = threading.Event(), threading.Event()
+    inspected = FakeDestination(listing_of(seed, delivering, present=False))
+
+    def hold_the_inspection(job) -> None:
+        inspecting.set()
+        assert release.wait(DEADLINE)
+
+    inspected.before_answer = hold_the_inspection
+    config = RecoveryConfig.from_settings(settings_for(tmp_path))
+    first_db, second_db = Database(db_url, Role.APP, max_size=2), Database(db_url, Role.APP, max_size=2)
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        first = pool.submit(Recovery(first_db, config, inspected).run_once)
+        assert inspecting.wait(DEADLINE)   # the first scheduler is at the partner now
+        second = Recovery(second_db, config, inspected).run_once()
+        release.set()
+        first_counts = first.result(DEADLINE)
+    finally:
+        release.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        first_db.close()
+        second_db.close()
+
+    assert len(inspected.asked) == 1
+    assert (first_counts.outcome_unknown, second.claimed_elsewhere, second.outcome_unknown) == (1, 1, 0)
+    assert [e["kind"] for e in takeover_events(seed, delivering)] == [
+        "Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
+
+
 def _wait_for_waiters(admin, holder_pid: int, n: int) -> None:
+    """Until ``n`` backends wait on a lock, directly on the holder or behind another waiter (a batch that
+    locked its first rows waits on the held one, and the other batch waits on it)."""
     deadline = time.monotonic() + DEADLINE
     while time.monotonic() < deadline:
-        blocked = admin.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
-                                (holder_pid,)).fetchone()["n"]
+        blocked = admin.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+            " AND cardinality(pg_blocking_pids(pid)) > 0 AND pid <> %s", (holder_pid,)).fetchone()["n"]
         if blocked >= n:
             return
         time.sleep(0.01)   # polling the server's lock graph under a deadline

@@ -117,3 +117,20 @@ FROM export_jobs
 WHERE status = 'OutcomeUnknown' AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
 ORDER BY id
 LIMIT %(batch_size)s;
+
+-- Inspections of the partner for an expired delivery are claimed, so however many schedulers run, one
+-- inspects a given attempt: a session-level advisory lock keyed by the attempt, taken without waiting and
+-- held until that scheduler's resolution is written; a scheduler that dies releases it with its session.
+
+-- name: recovery_claim_inspection
+SELECT pg_try_advisory_lock(%(lock_class)s, hashtext(%(attempt_id)s::text)) AS claimed;
+
+-- name: recovery_still_expired_delivering
+-- Re-read after the claim: another scheduler may have resolved it between this one's scan and its claim.
+SELECT EXISTS (
+    SELECT 1 FROM export_jobs
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Delivering'
+      AND lease_expires_at < clock_timestamp()) AS expired;
+
+-- name: recovery_release_inspection
+SELECT pg_advisory_unlock(%(lock_class)s, hashtext(%(attempt_id)s::text)) AS released;
