@@ -1,17 +1,19 @@
-# Two commands for a new user (README.md): `make demo` and `make test`. Each sets everything up first.
+# Two commands for a new user (README.md): `make demo` and `make test`. Each sets everything up first,
+# installing the exact versions in constraints.txt (`make lock` refreshes them).
 PYTHON ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+PIP := $(VENV)/bin/python -m pip
 
-.PHONY: demo test setup bench clean
+.PHONY: demo test lint setup bench lock clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit("exports needs Python 3.11 or newer") if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt -e '.[test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -21,8 +23,22 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+# The type checker and the linter, as CI runs them.
+lint: setup
+	$(VENV)/bin/ruff check app tests bench
+	$(VENV)/bin/mypy
+
 bench: setup
 	$(VENV)/bin/python -m bench
 
+# Re-resolves every dependency (all extras) in a scratch environment and pins the result.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet '.[test,bench]'
+	(printf "# The exact versions `make` and CI install (pip -c). Regenerate with `make lock` after changing a\n# dependency in pyproject.toml; review the diff, run `make test`, commit both.\n"; .lock-venv/bin/python -m pip freeze --exclude exports) > constraints.txt
+	rm -rf .lock-venv
+
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache .lock-venv
