@@ -37,7 +37,7 @@ lock:
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --upgrade pip
 	.lock-venv/bin/python -m pip install --quiet '.[test,bench]'
-	(printf "# The exact versions `make` and CI install (pip -c). Regenerate with `make lock` after changing a\n# dependency in pyproject.toml; review the diff, run `make test`, commit both.\n"; .lock-venv/bin/python -m pip freeze --exclude exports) > constraints.txt
+	(echo '# The exact versions make and CI install (pip -c). Regenerate with "make lock" after changing a'; echo '# dependency in pyproject.toml; review the diff, run "make test", commit both.'; .lock-venv/bin/python -m pip freeze --exclude exports) > constraints.txt
 	rm -rf .lock-venv
 
 clean:
