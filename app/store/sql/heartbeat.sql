@@ -1,0 +1,38 @@
+-- Process heartbeats: written by the processes themselves, read by health checks and operators only.
+
+-- name: heartbeat_beat
+-- A conditional upsert: a process that was recorded as stopped never comes back under its id (a pid
+-- reused after a restart is a new process only once the old row is forgotten), so a late beat from a
+-- process that already said goodbye changes nothing.
+INSERT INTO process_heartbeats AS h (process_id, role, host, pid, version, started_at, beat_at)
+VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(version)s, %(started_at)s, clock_timestamp())
+ON CONFLICT (process_id) DO UPDATE
+SET beat_at = clock_timestamp(), version = EXCLUDED.version
+WHERE h.stopped_at IS NULL AND h.started_at = EXCLUDED.started_at
+RETURNING process_id;
+
+-- name: heartbeat_stop
+-- A clean shutdown says so, so `exports processes` can tell a stopped process from a dead one.
+UPDATE process_heartbeats
+SET stopped_at = clock_timestamp()
+WHERE process_id = %(process_id)s AND started_at = %(started_at)s AND stopped_at IS NULL
+RETURNING process_id;
+
+-- name: heartbeat_list
+-- Every recorded process with its age, and for a worker the attempts it holds now (claimed_by is
+-- host:pid:thread, so its prefix names the process).
+SELECT h.process_id, h.role, h.host, h.pid, h.version, h.started_at, h.beat_at, h.stopped_at,
+       extract(epoch FROM clock_timestamp() - h.beat_at) AS silent_seconds,
+       coalesce(array_agg(j.attempt_id ORDER BY j.attempt_id) FILTER (WHERE j.attempt_id IS NOT NULL), '{}')
+           AS attempts
+FROM process_heartbeats h
+LEFT JOIN export_jobs j
+  ON h.role = 'worker' AND j.status IN ('Running', 'Delivering') AND j.claimed_by LIKE h.process_id || ':%%'
+GROUP BY h.process_id
+ORDER BY h.role, h.host, h.pid;
+
+-- name: heartbeat_forget
+-- Drops the rows of processes silent for longer than the given time (dead or long stopped).
+DELETE FROM process_heartbeats
+WHERE beat_at < (SELECT clock_timestamp() - make_interval(secs => %(silent_seconds)s))
+RETURNING process_id;

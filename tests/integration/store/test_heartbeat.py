@@ -1,0 +1,74 @@
+"""Process heartbeats: a conditional upsert per beat, a clean stop that sticks, the attempts a worker holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime, timezone
+
+from app.heartbeat import Heartbeat
+from app.store import export, heartbeat
+from app.store.heartbeat import ProcessIdentity
+from app.store.types import Role
+
+
+def _identity(process_id: str = "host-a:4242", role: str = "worker") -> ProcessIdentity:
+    host, pid = process_id.split(":")
+    return ProcessIdentity(process_id, role, host, int(pid), "1.0", datetime.now(timezone.utc))
+
+
+def test_a_beat_records_the_process_and_a_later_beat_moves_its_time_only(conn):
+    me = _identity()
+    assert heartbeat.beat(conn, me)
+    [first] = heartbeat.processes(conn)
+    assert heartbeat.beat(conn, me)
+    [second] = heartbeat.processes(conn)
+
+    assert first.identity == second.identity == me
+    assert second.beat_at > first.beat_at and second.stopped_at is None
+
+
+def test_a_beat_after_a_clean_stop_changes_nothing(conn):
+    me = _identity()
+    heartbeat.beat(conn, me)
+    assert heartbeat.stop(conn, me)
+
+    assert heartbeat.beat(conn, me) is False
+    [record] = heartbeat.processes(conn)
+    assert record.stopped_at is not None
+
+
+def test_a_new_process_that_reuses_a_pid_does_not_revive_the_old_record(conn):
+    old = _identity()
+    heartbeat.beat(conn, old)
+    reborn = dataclasses.replace(old, started_at=datetime.now(timezone.utc))
+
+    assert heartbeat.beat(conn, reborn) is False
+
+
+def test_a_worker_lists_the_attempts_it_holds_and_another_process_none(conn, seed):
+    worker, other = _identity("host-a:4242"), _identity("host-b:1", "scheduler")
+    job, attempt_id = seed.queued(), uuid.uuid4()
+    assert export.try_claim(conn, job_id=job.id, checked_version=1, attempt_id=attempt_id,
+                            worker_id=f"{worker.process_id}:140001", lease_seconds=60) == 1
+    heartbeat.beat(conn, worker)
+    heartbeat.beat(conn, other)
+
+    attempts = {r.identity.process_id: r.attempts for r in heartbeat.processes(conn)}
+    assert attempts == {worker.process_id: (attempt_id,), other.process_id: ()}
+
+
+def test_the_relays_role_may_beat_too(connect_as):
+    dispatcher = connect_as(Role.DISPATCHER)
+
+    assert heartbeat.beat(dispatcher, _identity("relay-host:7", "relay"))
+
+
+def test_the_heartbeat_thread_beats_at_once_and_records_its_stop(app_db, conn):
+    beating = Heartbeat(app_db, "scheduler", interval_seconds=3600)
+    assert beating.beat_once()
+
+    beating.stop()
+
+    [record] = heartbeat.processes(conn)
+    assert record.identity.role == "scheduler" and record.stopped_at is not None
