@@ -122,6 +122,7 @@ class ExportJob(_Model):
     replacement_reason = peewee.TextField(null=True)
     overwrite_agreement_ref = peewee.TextField(null=True)
     sweep_count = peewee.IntegerField()
+    created_at = peewee.DateTimeField()
 
     class Meta:
         table_name = "export_jobs"

@@ -65,6 +65,8 @@ class Role(str, enum.Enum):
     APP = "exports_app"
     DISPATCHER = "exports_dispatcher"
     RECONCILER = "exports_reconciler"
+    #: Archives and deletes published outbox rows past their retention; nothing else.
+    RETENTION = "exports_retention"
 
 
 class ClaimResult(enum.Enum):

@@ -165,10 +165,18 @@ def test_the_dispatcher_cannot_read_export_jobs(history, admin, connect_as):
 # --- the outbox: nobody deletes ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("role", list(Role), ids=lambda r: r.value)
-def test_no_role_holds_delete_on_the_outbox(catalog, role):
+@pytest.mark.parametrize("role", [r for r in Role if r is not Role.RETENTION], ids=lambda r: r.value)
+def test_no_role_but_retention_holds_delete_on_the_outbox(catalog, role):
     assert not _privilege(catalog, role, "outbox", "DELETE")
     assert not _privilege(catalog, role, "outbox", "TRUNCATE")
+
+
+def test_the_retention_role_may_read_and_delete_outbox_rows_and_nothing_more(catalog):
+    assert _privilege(catalog, Role.RETENTION, "outbox", "DELETE")
+    assert not _privilege(catalog, Role.RETENTION, "outbox", "TRUNCATE")
+    assert not _privilege(catalog, Role.RETENTION, "outbox", "INSERT")
+    assert not any(_privilege(catalog, Role.RETENTION, table, "SELECT")
+                   for table in ("export_jobs", "export_attempt_events", "cancellation_requests"))
 
 
 # --- the triggers stop even the owner ----------------------------------------------------------------
