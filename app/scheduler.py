@@ -16,7 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
-from app import logs
+from app import logs, metrics
 from app.config import Settings
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
 from app.maintenance.scavenger import Scavenger, ScavengerConfig
@@ -30,7 +30,7 @@ log = logs.get(__name__)
 def _run_logged(name: str, service_run: Callable[[], object]) -> Callable[[], None]:
     def run() -> None:
         try:
-            service_run()
+            metrics.count_run(name, service_run())
         except Exception as exc:
             # The next interval tries again; one failed run (database unreachable) stops nothing.
             log.warning("scheduler.run_failed", service=name, error=type(exc).__name__)

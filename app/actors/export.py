@@ -30,7 +30,7 @@ from uuid import UUID
 
 import dramatiq
 
-from app import logs
+from app import logs, metrics
 from app.actors.builder import ContactsBuilder
 from app.actors.lease import Leases
 from app.actors.policy import ExportPolicy
@@ -69,6 +69,7 @@ def declare(broker: dramatiq.Broker, run: Run | None = None, **options: object) 
 
     def export_ready(job_id: str) -> None:
         result = (run or process_runner().run)(UUID(job_id))
+        metrics.worker().runs.labels(result.outcome.value).inc()
         log.info("export.processed", job_id=job_id, outcome=result.outcome.value, attempt_id=result.attempt_id)
         if result.outcome is RunOutcome.CLAIM_UNKNOWN:
             raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")

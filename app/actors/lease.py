@@ -28,7 +28,7 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 
-from app import logs
+from app import logs, metrics
 from app.actors.stop import StopReason, StopSignal
 from app.store import export
 from app.store.database import connect
@@ -146,6 +146,7 @@ class LeaseKeeper:
                                       lease_seconds=self.lease_seconds)
         except Exception as exc:
             # Retried at the next interval; nothing stops. The connection may be dead: open a new one.
+            metrics.worker().renewals_failed.inc()
             log.warning("lease.renew_failed", job_id=self.job_id, attempt_id=self.attempt_id, error=type(exc).__name__)
             self._close()
             result = RenewResult.FAILED
@@ -155,6 +156,7 @@ class LeaseKeeper:
                 # The attempt's last write is behind it: no row is the expected answer, not a loss.
                 return result
             self.lost = True
+            metrics.worker().leases_lost.inc()
             log.warning("lease.lost", job_id=self.job_id, attempt_id=self.attempt_id)
             self._stop.set(StopReason.LEASE_LOST)
             self._cancel_schedule()

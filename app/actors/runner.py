@@ -16,12 +16,13 @@ import json
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
 from uuid import UUID
 
-from app import logs
+from app import logs, metrics
 from app.delivery import destination as dest
 from app.actors.builder import BuildFailed, BuildStopped, BuiltFile, ContactsBuilder
 from app.delivery.classifier import Stage, classify
@@ -43,6 +44,8 @@ from app.store.types import (
 )
 
 log = logs.get(__name__)
+
+_CLAIM_LABEL = {ClaimResult.CLAIMED: "won", ClaimResult.LOST: "lost", ClaimResult.UNKNOWN: "unknown"}
 
 
 class RunOutcome(enum.Enum):
@@ -130,6 +133,7 @@ class ExportRunner:
         worker_id = self.worker_id()
         claim = export.claim(self.db, job_id=job.id, checked_version=job.version, attempt_id=attempt_id,
                            worker_id=worker_id, lease_seconds=self.lease_seconds)
+        metrics.worker().claims.labels(_CLAIM_LABEL[claim]).inc()
         if claim is ClaimResult.UNKNOWN:
             return RunResult(RunOutcome.CLAIM_UNKNOWN, attempt_id)   # leave the message unsettled
         if claim is ClaimResult.LOST:
@@ -163,8 +167,11 @@ class ExportRunner:
         built: BuiltFile | None = None
         cutoff: AuthorizationResult | None = None
         try:
+            started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop)
+            metrics.worker().build_seconds.observe(time.monotonic() - started)
+            metrics.worker().build_bytes.inc(built.size)
             if stop.reason is StopReason.LEASE_LOST:
                 raise BuildStopped(StopReason.LEASE_LOST)   # a takeover committed: stop at once
             expected = ExpectedFile(export.final_name(job.delivery_key), built.size, built.sha256)
@@ -186,6 +193,8 @@ class ExportRunner:
                 case AuthorizationResult.STOP_RECORDED:
                     write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id,
                                                 worker_id=worker_id, stop_point="BeforeDelivery")
+                    if write is WriteResult.WRITTEN:
+                        metrics.worker().stops_obeyed.inc()
                     return RunResult(RunOutcome.STOPPED, attempt_id, write)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
                     write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
@@ -200,6 +209,9 @@ class ExportRunner:
             if stopped.reason is StopReason.STOP_REQUESTED:
                 write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                             stop_point="WhileBuilding")
+                if write is WriteResult.WRITTEN:
+                    metrics.worker().stops_obeyed.inc()
+                    metrics.worker().stop_latency.observe(stop.seconds_since_set())
                 return RunResult(RunOutcome.STOPPED, attempt_id, write)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
             log.warning("runner.build_abandoned", job_id=job.id, attempt_id=attempt_id, reason=stopped.reason.value)
@@ -235,6 +247,7 @@ class ExportRunner:
             self._append_evidence(job.id, attempt_id, observed_by, evidence.to_detail())
 
         interrupted: BaseException | None = None
+        started = time.monotonic()
         try:
             try:
                 destination = self.destination_for(decision.destination)
@@ -254,6 +267,10 @@ class ExportRunner:
                 self._append_evidence(job.id, attempt_id, observed_by, _outcome_detail(outcome, attempt_id))
             except Exception as exc:
                 log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id, error=type(exc).__name__)
+            metrics.worker().upload_seconds.observe(time.monotonic() - started)
+            metrics.worker().deliveries.labels(status.value).inc()
+            if status is Status.COMPLETED:
+                metrics.worker().upload_bytes.inc(built.size)
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                          outcome=status, failure_reason=code, detail=detail)
             log.info("runner.delivered", job_id=job.id, attempt_id=attempt_id, outcome=status.value, write=write.value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from typing import Callable
 
 from app import logs
@@ -32,6 +33,7 @@ class StopSignal:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._reason: StopReason | None = None
+        self._set_at: float | None = None
         self._callbacks: list[Callable[[StopReason], None]] = []
 
     def set(self, reason: StopReason, *, before_wake: Callable[[], None] | None = None) -> bool:
@@ -44,6 +46,7 @@ class StopSignal:
             if self._reason is not None:
                 return False
             self._reason = reason
+            self._set_at = time.monotonic()
             callbacks = list(self._callbacks)
             try:
                 if before_wake is not None:
@@ -53,6 +56,10 @@ class StopSignal:
         for callback in callbacks:
             self._run(callback, reason)
         return True
+
+    def seconds_since_set(self) -> float:
+        """How long ago the signal was set (0 if it is not): how long obeying it took so far."""
+        return 0.0 if self._set_at is None else time.monotonic() - self._set_at
 
     @property
     def reason(self) -> StopReason | None:

@@ -1,0 +1,162 @@
+"""Prometheus metrics: what each process counts, and how it serves them.
+
+- The relay and the scheduler serve ``/metrics`` themselves (``serve``), on loopback by default.
+- A worker is several Dramatiq processes: Dramatiq's Prometheus middleware aggregates every process's
+  metrics through ``PROMETHEUS_MULTIPROC_DIR`` and serves them from its own exposition process
+  (``exports worker`` binds it to the configured address). prometheus_client picks its multiprocess
+  storage when it is first imported, which the middleware does after it sets that directory: so nothing
+  here imports prometheus_client before a metric is first used.
+- The scheduler's gauges are read from the database on each scrape (``DatabaseGauges``).
+
+Every metric is listed, with the alerts built on them, in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, is_dataclass
+from functools import cache
+from typing import Any
+
+from app import logs
+
+log = logs.get(__name__)
+
+#: Seconds buckets for builds, uploads and stop latency: a small export takes milliseconds, a large one minutes.
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, float("inf"))
+
+
+def parse_address(address: str) -> tuple[str, int] | None:
+    """``host:port`` to serve on, or None for ``off``. Raises ValueError naming what is wrong."""
+    if address.strip().lower() == "off":
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"a metrics address is host:port or off, not {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def serve(address: str) -> int | None:
+    """Serves this process's registry on ``address``; returns the port (useful with port 0)."""
+    parsed = parse_address(address)
+    if parsed is None:
+        return None
+    import prometheus_client
+
+    server, _thread = prometheus_client.start_http_server(parsed[1], addr=parsed[0])
+    port = server.server_address[1]
+    log.info("metrics.serving", address=parsed[0], port=port)
+    return port
+
+
+class _Worker:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.claims = Counter("exports_claims_total", "Claims (cutoff 1) by result: won, lost, unknown.", ["result"])
+        self.runs = Counter("exports_runs_total", "Runs of the export actor by how they ended.", ["outcome"])
+        self.stops_obeyed = Counter("exports_stops_obeyed_total", "Stop requests that ended an attempt before cutoff 2.")
+        self.stop_latency = Histogram("exports_stop_latency_seconds",
+                                      "From the attempt's stop signal to its Stopped write.", buckets=SECONDS_BUCKETS)
+        self.deliveries = Counter("exports_deliveries_total", "Deliveries past cutoff 2 by outcome.", ["outcome"])
+        self.build_seconds = Histogram("exports_build_seconds", "Time to build an export file.",
+                                       buckets=SECONDS_BUCKETS)
+        self.build_bytes = Counter("exports_build_bytes_total", "Bytes of export files built.")
+        self.upload_seconds = Histogram("exports_upload_seconds", "Time from cutoff 2 to the delivery's outcome.",
+                                        buckets=SECONDS_BUCKETS)
+        self.upload_bytes = Counter("exports_upload_bytes_total", "Bytes of export files delivered (Completed).")
+        self.renewals_failed = Counter("exports_lease_renewals_failed_total", "Lease renewals that raised.")
+        self.leases_lost = Counter("exports_leases_lost_total", "Renewals that found the attempt taken over.")
+
+
+class _Relay:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.published = Counter("exports_relay_published_total", "Outbox rows enqueued and marked published.")
+        self.broker_failures = Counter("exports_relay_broker_failures_total", "Enqueues the broker refused.")
+        self.lag = Gauge("exports_relay_lag_seconds", "Age of the oldest row in the relay's last batch.")
+
+
+class _Scheduler:
+    def __init__(self) -> None:
+        from prometheus_client import Counter
+
+        self.counts = Counter("exports_maintenance_total", "What each maintenance run did, by service and count.",
+                              ["service", "count"])
+
+
+@cache
+def worker() -> _Worker:
+    return _Worker()
+
+
+@cache
+def relay() -> _Relay:
+    return _Relay()
+
+
+@cache
+def scheduler() -> _Scheduler:
+    return _Scheduler()
+
+
+def count_run(service: str, counts: Any) -> None:
+    """Adds a maintenance run's counts dataclass to ``exports_maintenance_total``."""
+    if is_dataclass(counts):
+        for name, value in asdict(counts).items():
+            if value:
+                scheduler().counts.labels(service, name).inc(value)
+
+
+class DatabaseGauges:
+    """A collector that reads the scheduler's gauges from the database on each scrape; a scrape that
+    cannot reach the database reports ``exports_database_up 0`` rather than failing."""
+
+    def __init__(self, db: Any, *, silent_seconds: float) -> None:
+        self.db = db
+        self.silent_seconds = silent_seconds
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from app.store import metrics as reads
+
+        up = GaugeMetricFamily("exports_database_up", "1 when the scheduler's last scrape read the database.")
+        try:
+            with self._lock, self.db.connection() as conn:
+                by_status = reads.jobs_by_status(conn)
+                backlog = reads.backlog(conn)
+                live = reads.live_processes(conn, silent_seconds=self.silent_seconds)
+        except Exception as exc:
+            log.warning("metrics.scrape_failed", error=type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        jobs = GaugeMetricFamily("exports_jobs", "Export jobs by status.", labels=["status"])
+        for status, n in sorted(by_status.items()):
+            jobs.add_metric([status], n)
+        yield jobs
+        for name, help_, value in (
+            ("exports_outbox_unpublished", "Outbox rows the relay has not published.", backlog.unpublished),
+            ("exports_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row.",
+             backlog.oldest_unpublished_seconds),
+            ("exports_queued_oldest_wait_seconds", "Longest wait in Queued since the last wake-up.",
+             backlog.oldest_queued_seconds),
+            ("exports_expired_leases", "Running or Delivering attempts whose lease expired (recovery's work).",
+             backlog.expired_leases),
+            ("exports_outcome_unknown_jobs", "Jobs in OutcomeUnknown: they need evidence or a person.",
+             backlog.outcome_unknown),
+            ("exports_max_sweep_count", "The highest sweep_count of a Queued job.", backlog.max_sweep_count),
+        ):
+            family = GaugeMetricFamily(name, help_)
+            family.add_metric([], value)
+            yield family
+        processes = GaugeMetricFamily("exports_live_processes", "Processes with a recent heartbeat.", labels=["role"])
+        for role in ("relay", "scheduler", "worker"):
+            processes.add_metric([role], live.get(role, 0))
+        yield processes

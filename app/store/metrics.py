@@ -1,0 +1,38 @@
+"""The scheduler's gauges, read from the database on each scrape (``sql/metrics.sql``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from app.store import connector
+
+
+@dataclass(frozen=True)
+class Backlog:
+    unpublished: int
+    oldest_unpublished_seconds: float
+    oldest_queued_seconds: float
+    expired_leases: int
+    outcome_unknown: int
+    max_sweep_count: int
+
+
+def jobs_by_status(conn: psycopg.Connection) -> dict[str, int]:
+    return {r["status"]: r["jobs"] for r in connector.fetch_all(conn, "metrics_jobs_by_status")}
+
+
+def backlog(conn: psycopg.Connection) -> Backlog:
+    row = connector.fetch_one(conn, "metrics_backlog")
+    assert row is not None   # one row of scalar subqueries, always
+    return Backlog(unpublished=row["unpublished"],
+                   oldest_unpublished_seconds=float(row["oldest_unpublished_seconds"] or 0),
+                   oldest_queued_seconds=float(row["oldest_queued_seconds"] or 0),
+                   expired_leases=row["expired_leases"], outcome_unknown=row["outcome_unknown"],
+                   max_sweep_count=row["max_sweep_count"])
+
+
+def live_processes(conn: psycopg.Connection, *, silent_seconds: float) -> dict[str, int]:
+    return {r["role"]: r["processes"]
+            for r in connector.fetch_all(conn, "metrics_live_processes", dict(silent_seconds=silent_seconds))}

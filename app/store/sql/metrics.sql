@@ -1,0 +1,25 @@
+-- What the scheduler exports as gauges on each scrape: reads only, each bounded by an index.
+
+-- name: metrics_jobs_by_status
+SELECT status, count(*) AS jobs FROM export_jobs GROUP BY status;
+
+-- name: metrics_backlog
+-- The numbers an operator acts on: the relay's lag, the oldest wait in Queued, leases nobody took over,
+-- OutcomeUnknown jobs waiting for a person, and the most republished job (the reference: alert when a
+-- job's sweep_count keeps rising).
+SELECT
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS unpublished,
+    (SELECT extract(epoch FROM clock_timestamp() - min(created_at)) FROM outbox WHERE published_at IS NULL)
+        AS oldest_unpublished_seconds,
+    (SELECT extract(epoch FROM clock_timestamp() - min(woken_at)) FROM export_jobs WHERE status = 'Queued')
+        AS oldest_queued_seconds,
+    (SELECT count(*) FROM export_jobs
+     WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())) AS expired_leases,
+    (SELECT count(*) FROM export_jobs WHERE status = 'OutcomeUnknown') AS outcome_unknown,
+    (SELECT coalesce(max(sweep_count), 0) FROM export_jobs WHERE status = 'Queued') AS max_sweep_count;
+
+-- name: metrics_live_processes
+SELECT role, count(*) AS processes
+FROM process_heartbeats
+WHERE stopped_at IS NULL AND beat_at > (SELECT clock_timestamp() - make_interval(secs => %(silent_seconds)s))
+GROUP BY role;
