@@ -3,7 +3,6 @@ scheduler and the operator views run are index scans whatever the size of the hi
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import psycopg
