@@ -15,6 +15,8 @@ class Backlog:
     oldest_unpublished_seconds: float
     oldest_queued_seconds: float
     expired_leases: int
+    #: How long the longest-expired lease has waited for recovery (0 when none): a dead scheduler shows here.
+    oldest_expired_lease_seconds: float
     outcome_unknown: int
     max_sweep_count: int
 
@@ -29,7 +31,9 @@ def backlog(conn: psycopg.Connection) -> Backlog:
     return Backlog(unpublished=row["unpublished"],
                    oldest_unpublished_seconds=float(row["oldest_unpublished_seconds"] or 0),
                    oldest_queued_seconds=float(row["oldest_queued_seconds"] or 0),
-                   expired_leases=row["expired_leases"], outcome_unknown=row["outcome_unknown"],
+                   expired_leases=row["expired_leases"],
+                   oldest_expired_lease_seconds=float(row["oldest_expired_lease_seconds"] or 0),
+                   outcome_unknown=row["outcome_unknown"],
                    max_sweep_count=row["max_sweep_count"])
 
 

@@ -17,6 +17,7 @@ from importlib.resources.abc import Traversable
 import psycopg
 from psycopg import errors as pg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 #: Any constant shared by all migrators; two concurrent runs serialize on it.
 _LOCK_KEY = 0x6578706F  # "expo"
@@ -68,10 +69,10 @@ def migrate(url: str) -> bool:
 
 def current_version(conn: psycopg.Connection) -> int:
     """The highest version recorded, 0 for a database that has never been migrated."""
-    if conn.execute("SELECT to_regclass('public.schema_version') IS NULL").fetchone()[0]:
+    cur = conn.cursor(row_factory=tuple_row)   # whatever rows the connection makes
+    if cur.execute("SELECT to_regclass('public.schema_version') IS NULL").fetchone()[0]:
         return 0
-    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-    return row[0] or 0
+    return cur.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
 
 
 def create_database(admin_url: str, name: str) -> bool:

@@ -15,6 +15,9 @@ SELECT
         AS oldest_queued_seconds,
     (SELECT count(*) FROM export_jobs
      WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())) AS expired_leases,
+    (SELECT extract(epoch FROM clock_timestamp() - min(lease_expires_at)) FROM export_jobs
+     WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp()))
+        AS oldest_expired_lease_seconds,
     (SELECT count(*) FROM export_jobs WHERE status = 'OutcomeUnknown') AS outcome_unknown,
     (SELECT coalesce(max(sweep_count), 0) FROM export_jobs WHERE status = 'Queued') AS max_sweep_count;
 

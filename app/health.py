@@ -1,0 +1,97 @@
+"""``exports health``: is this deployment doing its job? Usable as a probe: exit 0 only when every check
+passes, and each failed check says why in one line.
+
+It checks what an operator must act on, by its symptoms rather than by process lists alone:
+- the database answers and runs this release's schema;
+- the broker answers;
+- the relay keeps up (the oldest unpublished outbox row is young);
+- recovery keeps up (no lease has been expired for long: a dead scheduler shows here first);
+- the sweeper's backstop is not the only thing moving work (no job waits in Queued far past the
+  sweeper's threshold);
+- and, if asked (``--require relay,worker,scheduler``), that a process of each role has a recent
+  heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.heartbeat import DEFAULT_INTERVAL_SECONDS, SILENT_INTERVALS
+from app.store import heartbeat, metrics, migrate
+from app.store.database import connect
+from app.store.types import Role
+
+#: Seconds the oldest unpublished outbox row may wait before the relay counts as behind.
+MAX_RELAY_LAG_SECONDS = 60.0
+#: Recovery runs this many times its interval, plus this slack, before an expired lease counts as stuck.
+RECOVERY_INTERVALS = 3
+RECOVERY_SLACK_SECONDS = 30.0
+ROLES = ("relay", "worker", "scheduler")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Check]:
+    """Every check; the database ones are skipped (and reported failed) when it cannot be reached."""
+    checks = [_broker(settings)]
+    try:
+        conn = connect(url, Role.APP, application_name="exports-health")
+    except Exception as exc:
+        return [Check("database", False, f"cannot connect: {type(exc).__name__}"), *checks]
+    with conn:
+        checks.insert(0, Check("database", True, "answers"))
+        version = migrate.current_version(conn)
+        checks.append(Check("schema", version == migrate.SCHEMA_VERSION,
+                            f"version {version}, this release runs {migrate.SCHEMA_VERSION}"
+                            + ("" if version == migrate.SCHEMA_VERSION else ": run exports db migrate")))
+        if version < migrate.SCHEMA_VERSION:
+            return checks
+        backlog = metrics.backlog(conn)
+        processes = heartbeat.processes(conn)
+    checks.append(Check("relay", backlog.oldest_unpublished_seconds <= MAX_RELAY_LAG_SECONDS,
+                        f"{backlog.unpublished} unpublished outbox rows, the oldest "
+                        f"{backlog.oldest_unpublished_seconds:.0f} s old (limit {MAX_RELAY_LAG_SECONDS:.0f} s)"))
+    stuck_after = RECOVERY_INTERVALS * settings.recovery_interval_seconds + RECOVERY_SLACK_SECONDS
+    checks.append(Check("recovery", backlog.oldest_expired_lease_seconds <= stuck_after,
+                        f"{backlog.expired_leases} expired leases, the oldest expired "
+                        f"{backlog.oldest_expired_lease_seconds:.0f} s ago (limit {stuck_after:.0f} s)"))
+    queued_limit = 2 * settings.sweep_after_seconds
+    checks.append(Check("queue", backlog.oldest_queued_seconds <= queued_limit,
+                        f"the longest wait in Queued since a wake-up is {backlog.oldest_queued_seconds:.0f} s "
+                        f"(limit {queued_limit:.0f} s, twice the sweeper's threshold)"))
+    silent_limit = SILENT_INTERVALS * DEFAULT_INTERVAL_SECONDS
+    live = {role: [p for p in processes if p.identity.role == role and p.stopped_at is None
+                   and p.silent_seconds <= silent_limit] for role in ROLES}
+    for role in require:
+        checks.append(Check(f"{role} processes", bool(live[role]),
+                            f"{len(live[role])} live (a heartbeat within {silent_limit:.0f} s)"))
+    return checks
+
+
+def _broker(settings: Settings) -> Check:
+    url = settings.broker_url
+    if url is None:
+        return Check("broker", True, "the embedded Redis (started on first use)")
+    try:
+        if url.startswith(("redis://", "rediss://")):
+            import redis
+
+            redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
+        else:
+            import pika
+
+            params = pika.URLParameters(url)
+            params.socket_timeout = params.blocked_connection_timeout = 3
+            params.connection_attempts = 1
+            pika.BlockingConnection(params).close()
+    except Exception as exc:
+        # The class only: a broker error can carry its URL, and with it a password.
+        return Check("broker", False, f"does not answer: {type(exc).__name__}")
+    return Check("broker", True, "answers")

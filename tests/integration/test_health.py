@@ -1,0 +1,66 @@
+"""``exports health``'s checks: each fails on the symptom an operator must act on, and says why."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app import health
+from app.config import Settings
+from app.heartbeat import identity
+from app.store import heartbeat
+
+
+def _settings(**changes) -> Settings:
+    return dataclasses.replace(Settings(), **changes)
+
+
+def _by_name(checks) -> dict[str, health.Check]:
+    return {c.name: c for c in checks}
+
+
+def test_a_quiet_deployment_is_healthy(db_url):
+    checks = _by_name(health.run(_settings(), db_url))
+
+    assert all(c.ok for c in checks.values()), checks
+    assert set(checks) == {"database", "broker", "schema", "relay", "recovery", "queue"}
+
+
+def test_an_outbox_row_older_than_the_limit_means_the_relay_is_behind(db_url, seed, admin):
+    job = seed.queued()
+    with admin.transaction():
+        admin.execute("SET LOCAL session_replication_role = replica")
+        admin.execute("UPDATE outbox SET created_at = created_at - interval '10 minutes' WHERE job_id = %s", (job.id,))
+
+    relay = _by_name(health.run(_settings(), db_url))["relay"]
+
+    assert not relay.ok and "1 unpublished outbox rows" in relay.detail
+
+
+def test_a_lease_expired_long_ago_means_recovery_is_not_running(db_url, seed):
+    seed.expire_lease(seed.running(), seconds_ago=3600)
+
+    recovery = _by_name(health.run(_settings(recovery_interval_seconds=10), db_url))["recovery"]
+
+    assert not recovery.ok and "1 expired leases" in recovery.detail
+
+
+def test_a_required_role_without_a_live_process_fails_and_one_with_a_heartbeat_passes(db_url, conn):
+    heartbeat.beat(conn, identity("relay"))
+
+    checks = _by_name(health.run(_settings(), db_url, require=["relay", "worker"]))
+
+    assert checks["relay processes"].ok and not checks["worker processes"].ok
+
+
+def test_an_unreachable_database_is_one_failed_check_not_an_exception():
+    checks = _by_name(health.run(_settings(), "postgresql://nobody@127.0.0.1:1/none"))
+
+    assert not checks["database"].ok and "cannot connect" in checks["database"].detail
+
+
+def test_an_unreachable_broker_names_the_error_class_and_not_the_url():
+    url = "redis://:s3cret@127.0.0.1:1/0"
+    [broker] = [c for c in health.run(_settings(broker_url=url), "postgresql://nobody@127.0.0.1:1/none")
+                if c.name == "broker"]
+
+    assert not broker.ok and "s3cret" not in broker.detail
