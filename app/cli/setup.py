@@ -1,4 +1,5 @@
-"""Setting up before exports exist: the schema, tenants, destinations, operator grants, contacts."""
+"""Setting up before exports exist (db, tenant, destination, operator, contacts): their parsers and
+handlers. These are for administrators; no operator grant is checked."""
 
 from __future__ import annotations
 
