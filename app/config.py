@@ -46,6 +46,8 @@ class Settings:
     stop_poll_seconds: float = 3.0
     relay_poll_seconds: float = 5.0
     relay_batch_size: int = 200
+    #: EXPORTS_DEBUG set: the operator scripts log at DEBUG and print the traceback of a surprise.
+    debug: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -67,6 +69,7 @@ class Settings:
             stop_poll_seconds=_number(env, "EXPORTS_STOP_POLL_SECONDS", 3.0, minimum=0.05),
             relay_poll_seconds=_number(env, "EXPORTS_RELAY_POLL_SECONDS", 5.0, minimum=0.05),
             relay_batch_size=int(_number(env, "EXPORTS_RELAY_BATCH", 200, minimum=1)),
+            debug=bool(env.get("EXPORTS_DEBUG")),
         )
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "
@@ -74,3 +77,13 @@ class Settings:
         if settings.broker_url and not settings.broker_url.startswith(("redis://", "rediss://", "amqp://", "amqps://")):
             raise ConfigError("EXPORTS_BROKER_URL must start with redis:// or amqp://")
         return settings
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The configured database, else the embedded PostgreSQL under the state directory, started and
+    migrated if need be. Every process resolves its database here, once."""
+    if settings.database_url:
+        return settings.database_url
+    from app import embedded   # pgserver is imported only when there is no configured database
+
+    return embedded.database_url(settings)

@@ -29,7 +29,7 @@ import dramatiq
 import psycopg
 
 from app import logs, metrics
-from app.config import Settings
+from app.config import Settings, resolve_database_url
 from app.store import connector, errors
 from app.store.database import Database, connect
 from app.store.relay import OutboxMessage, claim_batch, mark_published
@@ -214,11 +214,7 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
     """The ``exports relay`` process: a dispatcher-role pool, the configured broker, the loop."""
     from app.actors.broker import build_broker
 
-    url = settings.database_url
-    if url is None:
-        from app import embedded
-
-        url = embedded.database_url(settings)
+    url = resolve_database_url(settings)
     broker = build_broker(settings)
     with Database(url, Role.DISPATCHER, min_size=1, max_size=2, name="exports-relay") as db:
         log.info("relay.started", batch_size=settings.relay_batch_size, poll_seconds=settings.relay_poll_seconds)

@@ -17,7 +17,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from app import logs, metrics
-from app.config import Settings
+from app.config import Settings, resolve_database_url
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
 from app.maintenance.scavenger import Scavenger, ScavengerConfig
 from app.maintenance.sweeper import Sweeper, SweeperConfig
@@ -62,11 +62,7 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
 def run_forever(settings: Settings, stop_event: threading.Event) -> None:
     """The ``exports scheduler`` process: runs the services until ``stop_event`` is set, then waits
     for the runs in progress."""
-    url = settings.database_url
-    if url is None:
-        from app import embedded
-
-        url = embedded.database_url(settings)
+    url = resolve_database_url(settings)
     with Database(url, Role.APP, min_size=1, max_size=4, name="exports-scheduler") as db:
         scheduler = build_scheduler(settings, db)
         scheduler.start()

@@ -36,7 +36,7 @@ from app.actors.lease import Leases
 from app.actors.policy import ExportPolicy
 from app.actors.runner import ExportRunner, RunOutcome, RunResult
 from app.actors.watcher import StopWatcher
-from app.config import Settings
+from app.config import Settings, resolve_database_url
 from app.store.database import Database
 from app.store.types import Role
 
@@ -107,19 +107,9 @@ def process_runner() -> ExportRunner:
         return _runner
 
 
-def database_url(settings: Settings) -> str:
-    """The configured database, or the embedded one (``exports worker`` resolves it before starting
-    dramatiq; a bare ``dramatiq app.actors.worker`` with no EXPORTS_DATABASE_URL resolves it here)."""
-    if settings.database_url:
-        return settings.database_url
-    from app import embedded
-
-    return embedded.database_url(settings)
-
-
 def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner, Callable[[], None]]:
     """A runner wired from settings, and the function that releases what it holds."""
-    url = database_url(settings)
+    url = resolve_database_url(settings)
     db = Database(url, Role.APP, max_size=8, name="exports-worker")
     watcher = StopWatcher(url, poll_seconds=settings.stop_poll_seconds)
     parts: dict[str, object] = dict(

@@ -1,11 +1,11 @@
 """What every ``exports`` subcommand shares: exit codes, the one-line error, argument types that
-refuse hostile input before it reaches the database, and the context that resolves the database."""
+refuse hostile input before it reaches the database, the parsers' common shape, and the context that
+resolves the database."""
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -13,9 +13,10 @@ from uuid import UUID
 
 import psycopg
 
-from app.config import Settings
+from app.config import Settings, resolve_database_url
 from app.store.database import connect
 from app.store.types import Role, Status
+from app.store.views import Views
 
 #: Done, including every recorded cancellation outcome (TooLate and AlreadyEnded are answers, not errors).
 EXIT_OK = 0
@@ -73,17 +74,15 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2, never the usage block."""
 
     def error(self, message: str) -> None:   # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_printable(message)}\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {printable(message)}\n")
 
 
-def _printable(text: str, limit: int = 300) -> str:
+def printable(text: str, limit: int = 300) -> str:
     """Text safe for one terminal line: control characters and undecodable bytes escaped, long text cut."""
     cleaned = text.encode("utf-8", "backslashreplace").decode("utf-8")
     cleaned = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", cleaned).replace("\n", "\\n").replace("\t", "\\t")
     return cleaned if len(cleaned) <= limit else cleaned[:limit] + f"... ({len(cleaned)} chars)"
 
-
-printable = _printable
 
 
 def text(max_length: int = MAX_TEXT, *, allow_empty: bool = False):
@@ -113,7 +112,7 @@ def uuid_arg(value: str) -> UUID:
     try:
         return UUID(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a UUID: {_printable(value, 60)!r}") from None
+        raise argparse.ArgumentTypeError(f"not a UUID: {printable(value, 60)!r}") from None
 
 
 uuid_arg.__name__ = "UUID"
@@ -124,7 +123,7 @@ def status_arg(value: str) -> Status:
         if value.lower() == status.value.lower():
             return status
     raise argparse.ArgumentTypeError(
-        f"unknown status {_printable(value, 60)!r}; one of: {', '.join(s.value for s in Status)}")
+        f"unknown status {printable(value, 60)!r}; one of: {', '.join(s.value for s in Status)}")
 
 
 status_arg.__name__ = "status"
@@ -135,7 +134,7 @@ def positive_int(maximum: int):
         try:
             number = int(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {_printable(value, 60)!r}") from None
+            raise argparse.ArgumentTypeError(f"not a whole number: {printable(value, 60)!r}") from None
         if not 1 <= number <= maximum:
             raise argparse.ArgumentTypeError(f"must be between 1 and {maximum}")
         return number
@@ -148,7 +147,7 @@ def seconds_arg(value: str) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {_printable(value, 60)!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {printable(value, 60)!r}") from None
     if not 0.001 <= number <= 3600:
         raise argparse.ArgumentTypeError("must be between 0.001 and 3600 seconds")
     return number
@@ -157,22 +156,43 @@ def seconds_arg(value: str) -> float:
 seconds_arg.__name__ = "seconds"
 
 
+def command(subparsers: argparse._SubParsersAction, name_: str, *, help_: str, description: str) -> Parser:
+    """A command that runs a handler: ``--json``, and the exit codes at the end of its ``--help``."""
+    json_option = argparse.ArgumentParser(add_help=False)
+    json_option.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    return subparsers.add_parser(name_, help=help_, description=description, parents=[json_option],
+                                 epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def job_command(subparsers: argparse._SubParsersAction, name_: str, help_: str, description: str) -> Parser:
+    """A command about one export: its id, and the tenant it must belong to."""
+    p = command(subparsers, name_, help_=help_, description=description)
+    p.add_argument("job", type=uuid_arg, metavar="JOB", help="the export's id")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    return p
+
+
+def group(subparsers: argparse._SubParsersAction, name_: str, help_: str) -> argparse._SubParsersAction:
+    """A command whose actions are commands of their own (``exports db migrate``)."""
+    parser = subparsers.add_parser(name_, help=help_, description=help_)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    actions.required = True
+    return actions
+
+
 @dataclass
 class Context:
-    """Per invocation: the settings, the output mode, and the database URL resolved once."""
+    """Per invocation: the settings, the output mode, the database URL resolved once, and the
+    read-only views opened on first use (``close`` releases them)."""
 
     settings: Settings
     json: bool = False
     _url: str | None = field(default=None, repr=False)
+    _views: Views | None = field(default=None, repr=False)
 
     def database_url(self) -> str:
         if self._url is None:
-            if self.settings.database_url:
-                self._url = self.settings.database_url
-            else:
-                from app import embedded
-
-                self._url = embedded.database_url(self.settings)
+            self._url = resolve_database_url(self.settings)
         return self._url
 
     @contextmanager
@@ -183,11 +203,12 @@ class Context:
         finally:
             conn.close()
 
-    def models(self, role: Role = Role.APP):
-        from app.store import models
+    def views(self) -> Views:
+        """The operator's reads, as the application role, read-only."""
+        if self._views is None:
+            self._views = Views(self.database_url(), Role.APP)
+        return self._views
 
-        return models.bind(self.database_url(), role)
-
-
-def out(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
+    def close(self) -> None:
+        if self._views is not None:
+            self._views.close()

@@ -1,5 +1,6 @@
-"""The operator's writes on exports, each through its app/store function, each after the operator's
-grant for the tenant is checked. The store's answers map to exit codes here, deliberately."""
+"""The operator's writes on exports (create, cancel, edit, replace, reconcile, correct): their parsers
+and handlers. Each write goes through its app/store function after the operator's grant for the tenant
+is checked. The store's answers map to exit codes here, deliberately."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ from app.cli.common import (
     EXIT_REFUSED,
     CliError,
     Context,
+    command,
+    job_command,
+    name,
     not_found,
+    positive_int,
     refused,
+    seconds_arg,
+    status_arg,
+    text,
+    uuid_arg,
 )
 from app.cli.output import emit
 from app.store import cancellation, export
@@ -41,15 +50,90 @@ _OUTCOME_TEXT = {
 }
 
 
+def register(commands: argparse._SubParsersAction) -> None:
+    p = command(commands, "create", help_="queue an export of a tenant's contacts",
+                description="Queue an export of the tenant's contacts to a destination; prints its id.")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.add_argument("--by", required=True, type=name, help="the operator")
+    p.set_defaults(handler=create)
+
+    p = job_command(commands, "cancel", "cancel an export, or request that it stop",
+                    "Record a cancellation request. Queued: canceled. Being built: stop requested. Delivery "
+                    "authorized: too late (recorded, not obeyed). Every recorded outcome exits 0. The request id is "
+                    "printed; after a busy answer (75) retry with the same --request-id.")
+    p.add_argument("--by", required=True, type=name, help="the operator")
+    p.add_argument("--request-id", type=uuid_arg, help="the click's id (minted and printed when not given)")
+    p.add_argument("--reason", type=text())
+    p.add_argument("--lock-timeout", type=seconds_arg, default=2.0,
+                   help="seconds to wait for the export's row lock before answering busy (default 2)")
+    p.set_defaults(handler=cancel)
+
+    p = job_command(commands, "edit", "change a queued export's destination",
+                    "Change a queued export's destination, at the version you saw (see show).")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.add_argument("--expected-version", required=True, type=positive_int(2**31 - 1))
+    p.add_argument("--by", required=True, type=name, help="the operator")
+    p.set_defaults(handler=edit)
+
+    p = job_command(commands, "replace", "queue a replacement delivery for an export",
+                    "Queue a replacement of an export that ended OutcomeUnknown or failed without finalizing a file. "
+                    "Naming a replacement means its original.")
+    p.add_argument("--by", required=True, type=name, help="the operator")
+    p.add_argument("--reason", required=True, type=text())
+    p.add_argument("--overwrite-agreement", type=text(), help="the partner's recorded overwrite agreement")
+    p.set_defaults(handler=replace)
+
+    p = job_command(commands, "reconcile", "settle an OutcomeUnknown attempt from evidence",
+                    "Settle an OutcomeUnknown attempt to Completed, or Failed (NotDelivered), once, on evidence.")
+    p.add_argument("--attempt", required=True, type=uuid_arg)
+    p.add_argument("--to", required=True, type=_outcome, help="Completed or Failed")
+    p.add_argument("--evidence", required=True, type=text())
+    p.add_argument("--by", required=True, type=name, help="the operator")
+    p.set_defaults(handler=reconcile)
+
+    p = job_command(commands, "correct", "correct a recorded Completed or Failed (reconciliation operators)",
+                    "Correct a recorded Completed or Failed of one attempt, once, as exports_reconciler. Only for "
+                    "operators granted with --reconciliation.")
+    p.add_argument("--attempt", required=True, type=uuid_arg)
+    p.add_argument("--from", dest="from_", required=True, type=_outcome, help="the recorded outcome")
+    p.add_argument("--to", required=True, type=_outcome, help="the corrected outcome")
+    p.add_argument("--failure-reason", type=_failure_code, help="with --to Failed")
+    p.add_argument("--evidence-ref", required=True, type=text())
+    p.add_argument("--why", required=True, type=text())
+    p.add_argument("--by", required=True, type=name, help="the operator")
+    p.set_defaults(handler=correct)
+
+
+def _outcome(value: str) -> Status:
+    status = status_arg(value)
+    if status not in (Status.COMPLETED, Status.FAILED):
+        raise argparse.ArgumentTypeError("must be Completed or Failed")
+    return status
+
+
+_outcome.__name__ = "outcome"
+
+
+def _failure_code(value: str) -> FailureCode:
+    for code in FailureCode:
+        if value.lower() == code.value.lower():
+            return code
+    raise argparse.ArgumentTypeError(f"unknown failure reason; one of: {', '.join(c.value for c in FailureCode)}")
+
+
+_failure_code.__name__ = "failure reason"
+
+
 def _lock_timeout(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
 def create(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    cli_lookup.require_grant(args.by, tenant)
-    destination = cli_lookup.destination(tenant, args.destination)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    cli_lookup.require_grant(views, args.by, tenant)
+    destination = cli_lookup.destination(views, tenant, args.destination)
     job_id, delivery_key = uuid.uuid4(), uuid.uuid4().hex
     with ctx.connection() as conn:
         result = export.create(conn, job_id=job_id, tenant_id=tenant.id, destination_id=destination.id,
@@ -65,9 +149,9 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cancel(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    cli_lookup.require_grant(args.by, tenant)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    cli_lookup.require_grant(views, args.by, tenant)
     request_id = args.request_id or uuid.uuid4()
     with ctx.connection() as conn:
         result = cancellation.request_cancellation(
@@ -96,16 +180,16 @@ def cancel(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def edit(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    cli_lookup.require_grant(args.by, tenant)
-    job = cli_lookup.job(tenant, args.job)
-    destination = cli_lookup.destination(tenant, args.destination)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    cli_lookup.require_grant(views, args.by, tenant)
+    job = cli_lookup.job(views, tenant, args.job)
+    destination = cli_lookup.destination(views, tenant, args.destination)
     with ctx.connection() as conn:
         outcome = export.edit_terms(conn, tenant_id=tenant.id, job_id=job.id, expected_version=args.expected_version,
                                   destination_id=destination.id)
     if outcome.result is EditResult.NOT_CHANGED:
-        current = cli_lookup.job(tenant, args.job)
+        current = cli_lookup.job(views, tenant, args.job)
         raise refused(f"NotChanged: export {job.id} is {current.status} at version {current.version} "
                       f"(terms change only while Queued, at the expected version {args.expected_version})",
                       reply=outcome.result.value, status=current.status, version=current.version)
@@ -116,19 +200,19 @@ def edit(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def replace(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    cli_lookup.require_grant(args.by, tenant)
-    named = cli_lookup.job(tenant, args.job)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    cli_lookup.require_grant(views, args.by, tenant)
+    named = cli_lookup.job(views, tenant, args.job)
     # A replacement always names the original, so naming a replacement means its original.
-    original = cli_lookup.job(tenant, named.replaces_job_id) if named.replaces_job_id else named
+    original = cli_lookup.job(views, tenant, named.replaces_job_id) if named.replaces_job_id else named
     job_id = uuid.uuid4()
     with ctx.connection() as conn:
         result = export.create_replacement(conn, job_id=job_id, tenant_id=tenant.id, original_job_id=original.id,
                                          created_by=args.by, replacement_reason=args.reason,
                                          overwrite_agreement_ref=args.overwrite_agreement)
     if result is ReplacementResult.NOT_ALLOWED:
-        current = cli_lookup.job(tenant, original.id)
+        current = cli_lookup.job(views, tenant, original.id)
         reason = f", {current.failure_reason}" if current.failure_reason else ""
         raise refused(f"NotAllowed: original {original.id} is {current.status}{reason}; only an OutcomeUnknown "
                       "original, or one that failed without finalizing a file, may be replaced",
@@ -142,15 +226,15 @@ def replace(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def reconcile(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    cli_lookup.require_grant(args.by, tenant)
-    job = cli_lookup.job(tenant, args.job)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    cli_lookup.require_grant(views, args.by, tenant)
+    job = cli_lookup.job(views, tenant, args.job)
     with ctx.connection() as conn:
         written = export.reconcile(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
                                      resolution=args.to, evidence=args.evidence, reconciled_by=args.by)
     if not written:
-        current = cli_lookup.job(tenant, job.id)
+        current = cli_lookup.job(views, tenant, job.id)
         raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; only an "
                       "OutcomeUnknown attempt is reconciled, once", status=current.status)
     emit(ctx, f"export {job.id} reconciled to {args.to.value}", {"job_id": str(job.id), "status": args.to.value})
@@ -162,29 +246,20 @@ def correct(ctx: Context, args: argparse.Namespace) -> int:
         raise CliError(EXIT_BAD_INPUT, "--to Failed needs --failure-reason")
     if args.to is not Status.FAILED and args.failure_reason is not None:
         raise CliError(EXIT_BAD_INPUT, "--failure-reason goes only with --to Failed")
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    cli_lookup.require_grant(args.by, tenant, reconciliation=True)
-    job = cli_lookup.job(tenant, args.job)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    cli_lookup.require_grant(views, args.by, tenant, reconciliation=True)
+    job = cli_lookup.job(views, tenant, args.job)
     with ctx.connection(Role.RECONCILER) as conn:
         written = export.correct(conn, tenant_id=tenant.id, job_id=job.id, attempt_id=args.attempt,
                                    recorded_status=args.from_, corrected_status=args.to,
                                    failure_reason=args.failure_reason, evidence_ref=args.evidence_ref, why=args.why,
                                    corrected_by=args.by)
     if not written:
-        current = cli_lookup.job(tenant, job.id)
+        current = cli_lookup.job(views, tenant, job.id)
         raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; a correction "
                       f"changes a recorded {args.from_.value} of that attempt once", status=current.status)
     emit(ctx, f"export {job.id} corrected from {args.from_.value} to {args.to.value}",
          {"job_id": str(job.id), "from": args.from_.value, "to": args.to.value})
     return EXIT_OK
 
-
-def failure_code(value: str) -> FailureCode:
-    for code in FailureCode:
-        if value.lower() == code.value.lower():
-            return code
-    raise argparse.ArgumentTypeError(f"unknown failure reason; one of: {', '.join(c.value for c in FailureCode)}")
-
-
-failure_code.__name__ = "failure reason"

@@ -1,12 +1,16 @@
-"""Reads the operator scripts make before they write: which tenant, destination and job an argument
-names, and whether the operator is granted for the tenant. Reads go through the peewee models."""
+"""What the operator's arguments name, read before anything is written: the tenant, destination and
+export an argument names, and whether the operator is granted for the tenant. Each answer that finds
+nothing ends the command with its exit code."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
 from app.cli.common import bad_input, not_found, printable, refused
-from app.store import models
+from app.store.views import Destination, Grant, Job, Tenant, Views
+
+#: Rows read for a name: two are enough to tell one match from an ambiguous name.
+_NAME_MATCHES = 2
 
 
 def _as_uuid(value: str) -> UUID | None:
@@ -16,15 +20,15 @@ def _as_uuid(value: str) -> UUID | None:
         return None
 
 
-def tenant(value: str) -> models.Tenant:
+def tenant(views: Views, value: str) -> Tenant:
     """A tenant by id, or by its exact name when that names exactly one."""
     tenant_id = _as_uuid(value)
     if tenant_id is not None:
-        found = models.Tenant.get_or_none(models.Tenant.id == tenant_id)
+        found = views.tenant(tenant_id)
         if found is None:
             raise not_found(f"no tenant {tenant_id}")
         return found
-    matches = list(models.Tenant.select().where(models.Tenant.name == value).limit(2))
+    matches = views.tenants_named(value, limit=_NAME_MATCHES)
     if not matches:
         raise not_found(f"no tenant named {printable(value, 80)!r}")
     if len(matches) > 1:
@@ -32,16 +36,15 @@ def tenant(value: str) -> models.Tenant:
     return matches[0]
 
 
-def destination(tenant_row: models.Tenant, value: str) -> models.Destination:
+def destination(views: Views, tenant_row: Tenant, value: str) -> Destination:
     """One of this tenant's destinations, by id or exact name. Another tenant's looks like a missing one."""
-    query = models.Destination.select().where(models.Destination.tenant_id == tenant_row.id)
     destination_id = _as_uuid(value)
     if destination_id is not None:
-        found = query.where(models.Destination.id == destination_id).first()
+        found = views.destination(tenant_row.id, destination_id)
         if found is None:
             raise not_found(f"no destination {destination_id} in tenant {tenant_row.name!r}")
         return found
-    matches = list(query.where(models.Destination.name == value).limit(2))
+    matches = views.destinations_named(tenant_row.id, value, limit=_NAME_MATCHES)
     if not matches:
         raise not_found(f"no destination named {printable(value, 80)!r} in tenant {tenant_row.name!r}")
     if len(matches) > 1:
@@ -49,19 +52,18 @@ def destination(tenant_row: models.Tenant, value: str) -> models.Destination:
     return matches[0]
 
 
-def job(tenant_row: models.Tenant, job_id: UUID) -> models.ExportJob:
+def job(views: Views, tenant_row: Tenant, job_id: UUID) -> Job:
     """This tenant's job. Another tenant's job answers with the same words as a missing one."""
-    found = models.ExportJob.get_or_none((models.ExportJob.id == job_id) & (models.ExportJob.tenant_id == tenant_row.id))
+    found = views.job(tenant_row.id, job_id)
     if found is None:
         raise not_found(f"no export {job_id} in tenant {tenant_row.name!r}")
     return found
 
 
-def require_grant(operator: str, tenant_row: models.Tenant, *, reconciliation: bool = False) -> models.OperatorAccess:
+def require_grant(views: Views, operator: str, tenant_row: Tenant, *, reconciliation: bool = False) -> Grant:
     """Refuses (exit 4) an operator who is not granted for the tenant, or lacks reconciliation access
     when it is needed. Checked before any write."""
-    access = models.OperatorAccess.get_or_none(
-        (models.OperatorAccess.operator_id == operator) & (models.OperatorAccess.tenant_id == tenant_row.id))
+    access = views.grant(operator, tenant_row.id)
     if access is None:
         raise refused(f"operator {printable(operator, 80)!r} is not allowed to act for tenant {tenant_row.name!r}")
     if reconciliation and not access.reconciliation:

@@ -1,20 +1,19 @@
-"""The long-running processes behind ``exports relay``, ``exports scheduler`` and ``exports worker``.
+"""The long-running processes (relay, scheduler, worker, demo): their parsers and handlers.
 
-Each resolves the database once (the embedded one when EXPORTS_DATABASE_URL is unset) and stops
-cleanly on SIGINT or SIGTERM.
+Each resolves the database once (the embedded one when EXPORTS_DATABASE_URL is unset), stops cleanly
+on SIGINT or SIGTERM, and configures its own logging.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
 import sys
 import threading
 
-from app.cli.common import EXIT_OK, Context
+from app.cli.common import EXIT_OK, Context, command, positive_int
 
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
 DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
@@ -22,6 +21,29 @@ DEFAULT_THREADS = 4
 #: Milliseconds dramatiq waits for running exports at shutdown before abandoning them to recovery.
 WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
 LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    # long_running: these log for themselves, so main leaves logging to them.
+    p = command(commands, "relay", help_="publish the outbox to the broker (SIGINT/SIGTERM to stop)",
+                description="Publish unpublished outbox rows to the broker until SIGINT or SIGTERM.")
+    p.set_defaults(handler=relay, long_running=True)
+    p = command(commands, "scheduler", help_="recovery, sweeper and scavenger (SIGINT/SIGTERM to stop)",
+                description="Run recovery, the sweeper and the scavenger until SIGINT or SIGTERM.")
+    p.set_defaults(handler=scheduler, long_running=True)
+    p = command(commands, "worker", help_="run export workers (dramatiq app.actors.worker)",
+                description="Run `dramatiq app.actors.worker` with the embedded services resolved.")
+    p.add_argument("--processes", type=positive_int(256), default=DEFAULT_PROCESSES,
+                   help=f"worker processes (default {DEFAULT_PROCESSES}: this machine's CPUs, at most 4)")
+    p.add_argument("--threads", type=positive_int(256), default=DEFAULT_THREADS,
+                   help=f"threads per process (default {DEFAULT_THREADS})")
+    p.set_defaults(handler=worker, long_running=True)
+    p = command(commands, "demo", help_="run the whole system on this machine through a scripted scenario",
+                description="Start the embedded services, relay, two workers and the scheduler, play a scenario, "
+                            "print the outcome and stop everything (--keep leaves it running).")
+    p.add_argument("--keep", action="store_true", help="leave everything running and print the environment")
+    p.add_argument("--stop", action="store_true", help="stop what a demo started with --keep left running")
+    p.set_defaults(handler=demo, long_running=True)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -35,16 +57,11 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _resolved(ctx: Context):
-    return dataclasses.replace(ctx.settings, database_url=ctx.database_url())
-
-
 def relay(ctx: Context, args: argparse.Namespace) -> int:
     from app import relay as relay_module
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    settings = _resolved(ctx)
-    relay_module.run_forever(settings, _stop_on_signals())
+    relay_module.run_forever(ctx.settings, _stop_on_signals())
     return EXIT_OK
 
 
@@ -52,19 +69,19 @@ def scheduler(ctx: Context, args: argparse.Namespace) -> int:
     from app import scheduler as scheduler_module
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    settings = _resolved(ctx)
-    scheduler_module.run_forever(settings, _stop_on_signals())
+    scheduler_module.run_forever(ctx.settings, _stop_on_signals())
     return EXIT_OK
 
 
 def worker(ctx: Context, args: argparse.Namespace) -> int:
-    """Replaces this process with ``dramatiq app.actors.worker``, so signals reach dramatiq directly."""
-    env = dict(os.environ, EXPORTS_DATABASE_URL=ctx.database_url())
+    """Replaces this process with ``dramatiq app.actors.worker``, so signals reach dramatiq directly.
+    The workers inherit this environment, with the database resolved once here rather than by each."""
+    os.environ["EXPORTS_DATABASE_URL"] = ctx.database_url()
     argv = [sys.executable, "-m", "dramatiq", "app.actors.worker", "--processes", str(args.processes),
             "--threads", str(args.threads), "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS)]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, argv, env)
+    os.execv(sys.executable, argv)
     return EXIT_OK   # not reached
 
 

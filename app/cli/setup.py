@@ -1,4 +1,5 @@
-"""Setting up before exports exist: the schema, tenants, destinations, operator grants, contacts."""
+"""Setting up before exports exist (db, tenant, destination, operator, contacts): their parsers and
+handlers. These are for administrators; no operator grant is checked."""
 
 from __future__ import annotations
 
@@ -11,9 +12,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.cli import contacts as cli_contacts, lookup as cli_lookup
-from app.cli.common import EXIT_OK, Context, bad_input, not_found, printable, refused
+from app.cli.common import (
+    EXIT_OK,
+    Context,
+    bad_input,
+    command,
+    group,
+    name,
+    not_found,
+    positive_int,
+    printable,
+    refused,
+    text,
+)
 from app.cli.output import emit
-from app.store import directory, models
+from app.store import directory
 from app.store.migrate import migrate
 
 if TYPE_CHECKING:
@@ -22,6 +35,70 @@ if TYPE_CHECKING:
 #: Seconds to wait for a server's host key with --fetch-host-key.
 FETCH_HOST_KEY_TIMEOUT = 10.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    db = group(commands, "db", "the database schema")
+    p = command(db, "migrate", help_="apply schema.sql (a second run changes nothing)",
+                description="Apply schema.sql under an advisory lock; a second run changes nothing.")
+    p.set_defaults(handler=db_migrate)
+
+    tenant = group(commands, "tenant", "tenants")
+    p = command(tenant, "add", help_="add a tenant and print its id", description="Add a tenant and print its id.")
+    p.add_argument("name", type=name)
+    p.set_defaults(handler=tenant_add)
+
+    destination = group(commands, "destination", "partner SFTP destinations")
+    p = command(destination, "add", help_="add a tenant's partner destination, its host key pinned",
+                description="Add a partner SFTP destination. The host key is pinned from --host-key (one known_hosts "
+                            "line), or fetched once with --fetch-host-key and pinned only with --yes. The credential "
+                            "is a reference (env:VAR or keyfile:/path), never the secret.")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--name", required=True, type=name)
+    p.add_argument("--host", required=True, type=text(255))
+    p.add_argument("--port", type=_port, default=22)
+    p.add_argument("--username", required=True, type=text(255))
+    p.add_argument("--remote-dir", required=True, type=text(1024))
+    p.add_argument("--credential-ref", required=True, type=text(1024), help="env:VAR, keyfile:/path or env-keyfile:VAR")
+    key = p.add_mutually_exclusive_group(required=True)
+    key.add_argument("--host-key", type=text(16384), help='one known_hosts line: "[host]:port keytype base64"')
+    key.add_argument("--fetch-host-key", action="store_true", help="fetch the server's key now (needs --yes to pin)")
+    p.add_argument("--yes", action="store_true", help="confirm pinning the fetched host key")
+    p.add_argument("--remote-hash", action="store_true", help="the server answers check-file-name sha256")
+    p.add_argument("--acknowledgments", action="store_true", help="the partner writes <final>.ack")
+    p.add_argument("--name-and-size-identify", action="store_true", help="the contract: name and size identify a file")
+    p.add_argument("--read-back", action="store_true", help="the contract allows downloading a file to hash it")
+    p.set_defaults(handler=destination_add)
+
+    operator = group(commands, "operator", "operator access")
+    p = command(operator, "grant", help_="let an operator act for a tenant",
+                description="Let an operator act for a tenant; --reconciliation also allows corrections.")
+    p.add_argument("--operator", required=True, type=name)
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--reconciliation", action="store_true", help="may correct recorded outcomes")
+    p.set_defaults(handler=operator_grant)
+
+    contacts = group(commands, "contacts", "a tenant's contacts")
+    p = command(contacts, "import", help_="load contacts from a CSV file (all or nothing)",
+                description="Load contacts from a UTF-8 CSV file with a header: email, full_name (required), "
+                            "company, phone, consent (optional). Every row is checked before any is loaded; one "
+                            "bad row loads nothing.")
+    p.add_argument("file", type=text(4096))
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.set_defaults(handler=contacts_import)
+    p = command(contacts, "generate", help_="generate realistic fake contacts (COPY)",
+                description="Generate realistic fake contacts in one COPY.")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--count", required=True, type=positive_int(10_000_000))
+    p.add_argument("--seed", type=int, help="for a reproducible set")
+    p.set_defaults(handler=contacts_generate)
+
+
+def _port(value: str) -> int:
+    return positive_int(65535)(value)
+
+
+_port.__name__ = "port"
 
 
 def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
@@ -102,8 +179,7 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
                           host_key=line, fingerprint=fingerprint(key))
     else:
         line, key = parse_host_key(args.host_key, args.host, args.port)
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     destination_id = uuid.uuid4()
     new = directory.NewDestination(
         tenant_id=tenant.id, name=args.name, host=args.host, port=args.port, username=args.username,
@@ -121,16 +197,16 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def operator_grant(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
     with ctx.connection() as conn:
         result = directory.grant_operator(conn, operator_id=args.operator, tenant_id=tenant.id,
                                           reconciliation=args.reconciliation)
     if result is directory.GrantResult.UNKNOWN_TENANT:
         raise not_found(f"no tenant {tenant.id}")
     if result is directory.GrantResult.ALREADY_GRANTED:
-        existing = models.OperatorAccess.get(
-            (models.OperatorAccess.operator_id == args.operator) & (models.OperatorAccess.tenant_id == tenant.id))
+        existing = views.grant(args.operator, tenant.id)
+        assert existing is not None   # it was there a statement ago, and no command revokes a grant
         if existing.reconciliation != args.reconciliation:
             raise refused(f"operator {args.operator!r} is already granted for tenant {tenant.name!r} with "
                           f"reconciliation={'yes' if existing.reconciliation else 'no'}; nothing changed")
@@ -143,8 +219,7 @@ def operator_grant(ctx: Context, args: argparse.Namespace) -> int:
 
 def contacts_import(ctx: Context, args: argparse.Namespace) -> int:
     contacts = cli_contacts.read_csv(Path(args.file))
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     with ctx.connection() as conn:
         count = directory.copy_contacts(conn, tenant_id=tenant.id, contacts=contacts)
     emit(ctx, f"{count} contacts imported into tenant {tenant.name!r}", {"tenant_id": str(tenant.id), "imported": count})
@@ -152,8 +227,7 @@ def contacts_import(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def contacts_generate(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     with ctx.connection() as conn:
         count = directory.copy_contacts(conn, tenant_id=tenant.id, contacts=cli_contacts.generate(args.count, seed=args.seed))
     emit(ctx, f"{count} contacts generated for tenant {tenant.name!r}", {"tenant_id": str(tenant.id), "generated": count})

@@ -1,55 +1,63 @@
-"""Reads for operators: one export in full, a list, and a live view. Peewee models only."""
+"""Reads for operators (show, list, watch): their parsers and handlers. The rows come from
+app/store/views.py, read-only."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
-from collections import Counter
 from typing import Any
-
-import peewee
+from uuid import UUID
 
 from app.cli import lookup as cli_lookup
-from app.cli.common import EXIT_OK, Context
+from app.cli.common import EXIT_OK, Context, command, job_command, name, positive_int, seconds_arg, status_arg
 from app.cli.output import emit, table
-from app.store import models
 from app.store.types import Status
+from app.store.views import JobSummary, Views
 
 #: Status order for counts: the job's life, left to right.
 STATUS_ORDER = [s.value for s in Status]
+HEADERS = ["created", "export", "tenant", "destination", "status", "reason", "ver", "tries", "by"]
 
 
-def _job_dict(job: models.ExportJob) -> dict[str, Any]:
-    data = {f: getattr(job, f) for f in job._meta.sorted_field_names}
-    if data.get("expected_file_sha256") is not None:
-        data["expected_file_sha256"] = bytes(data["expected_file_sha256"]).hex()
-    return data
+def register(commands: argparse._SubParsersAction) -> None:
+    p = job_command(commands, "show", "one export: row, attempt events, cancellation requests, evidence, outbox",
+                    "Show one export: its row, attempt events, cancellation requests, delivery evidence and outbox.")
+    p.set_defaults(handler=show)
+
+    p = command(commands, "list", help_="list exports", description="List exports, newest first.")
+    p.add_argument("--tenant", type=name, help="tenant id or exact name")
+    p.add_argument("--status", type=status_arg)
+    p.add_argument("--limit", type=positive_int(100_000), default=100)
+    p.set_defaults(handler=list_jobs)
+
+    p = command(commands, "watch", help_="live view of exports by state (Ctrl-C to stop)",
+                description="A live view of exports by state, refreshing (Ctrl-C to stop).")
+    p.add_argument("--tenant", type=name, help="tenant id or exact name")
+    p.add_argument("--interval", type=seconds_arg, default=1.0)
+    p.add_argument("--limit", type=positive_int(1000), default=15)
+    p.add_argument("--once", action="store_true", help="print once and exit")
+    p.set_defaults(handler=watch)
 
 
 def show(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant)
-    job = cli_lookup.job(tenant, args.job)
-    events = list(models.AttemptEvent.select().where(models.AttemptEvent.job_id == job.id).order_by(models.AttemptEvent.id))
-    requests = list(models.CancellationRequest.select()
-                    .where((models.CancellationRequest.tenant_id == tenant.id) & (models.CancellationRequest.job_id == job.id))
-                    .order_by(models.CancellationRequest.recorded_at))
-    outbox = list(models.OutboxRow.select().where(models.OutboxRow.job_id == job.id).order_by(models.OutboxRow.created_at))
-    destination = models.Destination.get_or_none(models.Destination.id == job.destination_id)
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    job = cli_lookup.job(views, tenant, args.job)
+    history = views.history(job)
+    events, requests, outbox = history.events, history.cancellation_requests, history.outbox
+    job_data = dataclasses.asdict(job)
+    if job.expected_file_sha256 is not None:
+        job_data["expected_file_sha256"] = bytes(job.expected_file_sha256).hex()
     data = {
-        "job": _job_dict(job),
-        "destination": destination.name if destination else None,
-        "events": [{"id": e.id, "attempt_id": e.attempt_id, "kind": e.kind, "version": e.version,
-                    "worker_id": e.worker_id, "observed_by": e.observed_by, "detail": e.detail,
-                    "recorded_at": e.recorded_at} for e in events],
-        "cancellation_requests": [{"id": r.id, "requested_by": r.requested_by, "reason": r.reason, "outcome": r.outcome,
-                                   "found_status": r.found_status, "found_attempt_count": r.found_attempt_count,
-                                   "recorded_at": r.recorded_at} for r in requests],
+        "job": job_data,
+        "destination": history.destination_name,
+        "events": [dataclasses.asdict(e) for e in events],
+        "cancellation_requests": [dataclasses.asdict(r) for r in requests],
         "evidence": [{"attempt_id": e.attempt_id, "observed_by": e.observed_by, "detail": e.detail,
                       "recorded_at": e.recorded_at} for e in events if e.kind == "DeliveryEvidence"],
-        "outbox": [{"message_id": o.message_id, "kind": o.kind, "created_at": o.created_at,
-                    "published_at": o.published_at} for o in outbox],
+        "outbox": [dataclasses.asdict(o) for o in outbox],
     }
     if ctx.json:
         emit(ctx, "", data)
@@ -78,37 +86,15 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _created_at():
-    return (models.OutboxRow.select(peewee.fn.MIN(models.OutboxRow.created_at))
-            .where(models.OutboxRow.job_id == models.ExportJob.id))
-
-
-def jobs_query(tenant_id=None, status: Status | None = None, limit: int = 100):
-    created = _created_at()
-    query = (models.ExportJob.select(models.ExportJob, models.Tenant.name.alias("tenant_name"),
-                                     models.Destination.name.alias("destination_name"), created.alias("created_at"))
-             .join(models.Tenant, on=(models.Tenant.id == models.ExportJob.tenant_id))
-             .switch(models.ExportJob)
-             .join(models.Destination, peewee.JOIN.LEFT_OUTER, on=(models.Destination.id == models.ExportJob.destination_id)))
-    if tenant_id is not None:
-        query = query.where(models.ExportJob.tenant_id == tenant_id)
-    if status is not None:
-        query = query.where(models.ExportJob.status == status.value)
-    return query.order_by(peewee.SQL("created_at").desc(nulls="LAST"), models.ExportJob.id).limit(limit).objects()
-
-
-def _rows(jobs) -> list[list[Any]]:
+def _rows(jobs: list[JobSummary]) -> list[list[Any]]:
     return [[j.created_at, j.id, j.tenant_name, j.destination_name, j.status, j.failure_reason or "", j.version,
              j.attempt_count, j.created_by] for j in jobs]
 
 
-HEADERS = ["created", "export", "tenant", "destination", "status", "reason", "ver", "tries", "by"]
-
-
 def list_jobs(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant) if args.tenant else None
-    found = list(jobs_query(tenant.id if tenant else None, args.status, args.limit))
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant) if args.tenant else None
+    found = views.jobs(tenant_id=tenant.id if tenant else None, status=args.status, limit=args.limit)
     data = [{"job_id": j.id, "tenant": j.tenant_name, "destination": j.destination_name, "status": j.status,
              "failure_reason": j.failure_reason, "version": j.version, "attempt_count": j.attempt_count,
              "created_by": j.created_by, "created_at": j.created_at} for j in found]
@@ -116,16 +102,9 @@ def list_jobs(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def counts(tenant_id=None) -> Counter:
-    query = models.ExportJob.select(models.ExportJob.status, peewee.fn.COUNT(models.ExportJob.id).alias("n"))
-    if tenant_id is not None:
-        query = query.where(models.ExportJob.tenant_id == tenant_id)
-    return Counter({row.status: row.n for row in query.group_by(models.ExportJob.status)})
-
-
-def render_watch(tenant_id=None, limit: int = 15) -> tuple[str, dict[str, Any]]:
-    by_status = counts(tenant_id)
-    recent = list(jobs_query(tenant_id, None, limit))
+def render_watch(views: Views, tenant_id: UUID | None, limit: int) -> tuple[str, dict[str, Any]]:
+    by_status = views.counts_by_status(tenant_id=tenant_id)
+    recent = views.jobs(tenant_id=tenant_id, limit=limit)
     summary = "  ".join(f"{s}: {by_status.get(s, 0)}" for s in STATUS_ORDER)
     text = f"exports by state ({time.strftime('%H:%M:%S')})\n{summary}\n\n" + (table(HEADERS, _rows(recent)) if recent else "no exports")
     return text, {"counts": {s: by_status.get(s, 0) for s in STATUS_ORDER},
@@ -133,16 +112,16 @@ def render_watch(tenant_id=None, limit: int = 15) -> tuple[str, dict[str, Any]]:
 
 
 def watch(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.models()
-    tenant = cli_lookup.tenant(args.tenant) if args.tenant else None
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant) if args.tenant else None
     tenant_id = tenant.id if tenant else None
     if args.once:
-        text, data = render_watch(tenant_id, args.limit)
+        text, data = render_watch(views, tenant_id, args.limit)
         emit(ctx, text, data)
         return EXIT_OK
     try:
         while True:
-            text, data = render_watch(tenant_id, args.limit)
+            text, data = render_watch(views, tenant_id, args.limit)
             if ctx.json:
                 emit(ctx, "", data)
             else:

@@ -1,49 +1,16 @@
 """Peewee models, for reads only: every write goes through a named statement in app/store/sql/.
 
-``bind(url, role)`` points the models at a database under a role. The models' field order matches
-the table's column order, and a test compares the cancellation lock's column list with it.
+The models are bound to no database: ``app.store.views`` binds each of its queries to a read-only
+database of its own, so nothing reads through a connection set up elsewhere. The models' field order
+matches the table's column order, and a test compares the cancellation lock's column list with it.
 """
 
 from __future__ import annotations
 
 import peewee
-import psycopg
-from psycopg import sql
-
-from app.store.database import CONNECT_TIMEOUT_SECONDS
-from app.store.types import Role
-
-proxy = peewee.DatabaseProxy()
 
 
-class ReadOnlyDatabase(peewee.PostgresqlDatabase):
-    """psycopg 3 under a role; refuses to run anything but SELECT, so the models cannot write."""
-
-    def __init__(self, url: str, role: Role):
-        super().__init__(url, prefer_psycopg3=True, autoconnect=True)
-        self._url = url
-        self._role = role
-
-    def _connect(self):
-        conn = psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                               application_name="exports-read")
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self._role.value)))
-        conn.execute("SET default_transaction_read_only = on")
-        return conn
-
-
-def bind(url: str, role: Role = Role.APP) -> ReadOnlyDatabase:
-    database = ReadOnlyDatabase(url, role)
-    proxy.initialize(database)
-    return database
-
-
-class _Model(peewee.Model):
-    class Meta:
-        database = proxy
-
-
-class Tenant(_Model):
+class Tenant(peewee.Model):
     id = peewee.UUIDField(primary_key=True)
     name = peewee.TextField()
     created_at = peewee.DateTimeField()
@@ -52,7 +19,7 @@ class Tenant(_Model):
         table_name = "tenants"
 
 
-class Destination(_Model):
+class Destination(peewee.Model):
     id = peewee.UUIDField(primary_key=True)
     tenant_id = peewee.UUIDField()
     name = peewee.TextField()
@@ -73,7 +40,7 @@ class Destination(_Model):
         table_name = "destinations"
 
 
-class Contact(_Model):
+class Contact(peewee.Model):
     id = peewee.BigIntegerField(primary_key=True)
     tenant_id = peewee.UUIDField()
     email = peewee.TextField()
@@ -87,7 +54,7 @@ class Contact(_Model):
         table_name = "contacts"
 
 
-class OperatorAccess(_Model):
+class OperatorAccess(peewee.Model):
     operator_id = peewee.TextField()
     tenant_id = peewee.UUIDField()
     reconciliation = peewee.BooleanField()
@@ -98,7 +65,7 @@ class OperatorAccess(_Model):
         primary_key = peewee.CompositeKey("operator_id", "tenant_id")
 
 
-class ExportJob(_Model):
+class ExportJob(peewee.Model):
     id = peewee.UUIDField(primary_key=True)
     tenant_id = peewee.UUIDField()
     status = peewee.TextField()
@@ -128,7 +95,7 @@ class ExportJob(_Model):
         table_name = "export_jobs"
 
 
-class Delivery(_Model):
+class Delivery(peewee.Model):
     tenant_id = peewee.UUIDField()
     delivery_key = peewee.TextField()
     original_job_id = peewee.UUIDField()
@@ -138,7 +105,7 @@ class Delivery(_Model):
         primary_key = peewee.CompositeKey("tenant_id", "delivery_key")
 
 
-class AttemptEvent(_Model):
+class AttemptEvent(peewee.Model):
     id = peewee.BigIntegerField(primary_key=True)
     job_id = peewee.UUIDField()
     attempt_id = peewee.UUIDField()
@@ -153,7 +120,7 @@ class AttemptEvent(_Model):
         table_name = "export_attempt_events"
 
 
-class CancellationRequest(_Model):
+class CancellationRequest(peewee.Model):
     tenant_id = peewee.UUIDField()
     id = peewee.UUIDField()
     job_id = peewee.UUIDField()
@@ -171,7 +138,7 @@ class CancellationRequest(_Model):
         primary_key = peewee.CompositeKey("tenant_id", "id")
 
 
-class OutboxRow(_Model):
+class OutboxRow(peewee.Model):
     message_id = peewee.UUIDField(primary_key=True)
     kind = peewee.TextField()
     job_id = peewee.UUIDField()
@@ -181,6 +148,3 @@ class OutboxRow(_Model):
     class Meta:
         table_name = "outbox"
 
-
-ALL_MODELS = (Tenant, Destination, Contact, OperatorAccess, ExportJob, Delivery, AttemptEvent,
-              CancellationRequest, OutboxRow)

@@ -1,0 +1,241 @@
+"""The operator's reads: tenants, destinations, grants and exports as the ``exports`` commands show them.
+
+Ad-hoc reads are peewee queries on the models of ``app.store.models``, which are bound to no database:
+each query here is bound, on its own, to the database its ``Views`` was opened with, so nothing reads
+through a connection that some other code set up, and no model class changes. That database is read-only twice over: its
+connections run under a role (``SET ROLE``) with ``default_transaction_read_only`` on, and only
+SELECTs are built here. Answers are frozen dataclasses; "no such row" is None or an empty list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+import peewee
+import psycopg
+from psycopg import sql
+
+from app.store import models
+from app.store.database import CONNECT_TIMEOUT_SECONDS
+from app.store.types import Role, Status
+
+_Row = TypeVar("_Row")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: UUID
+    name: str
+
+
+@dataclass(frozen=True)
+class Destination:
+    id: UUID
+    tenant_id: UUID
+    name: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    """An operator's access to one tenant; ``reconciliation`` also allows corrections."""
+
+    operator_id: str
+    tenant_id: UUID
+    reconciliation: bool
+
+
+@dataclass(frozen=True)
+class Job:
+    """An export's row, every column in the table's order."""
+
+    id: UUID
+    tenant_id: UUID
+    status: str
+    version: int
+    destination_id: UUID
+    attempt_id: UUID | None
+    attempt_count: int
+    claimed_by: str | None
+    lease_expires_at: datetime | None
+    stop_request_id: UUID | None
+    cancellation_request_id: UUID | None
+    expected_file_name: str | None
+    expected_file_bytes: int | None
+    expected_file_sha256: bytes | None
+    delivery_authorized_at: datetime | None
+    woken_at: datetime
+    failure_reason: str | None
+    delivery_key: str
+    replaces_job_id: UUID | None
+    created_by: str
+    replacement_reason: str | None
+    overwrite_agreement_ref: str | None
+    sweep_count: int
+
+
+@dataclass(frozen=True)
+class AttemptEvent:
+    id: int
+    attempt_id: UUID
+    kind: str
+    version: int | None
+    worker_id: str | None
+    observed_by: str | None
+    detail: str | None
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
+class CancellationRequest:
+    id: UUID
+    requested_by: str
+    reason: str | None
+    outcome: str
+    found_status: str
+    found_attempt_count: int
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    message_id: UUID
+    kind: str
+    created_at: datetime
+    published_at: datetime | None
+
+
+@dataclass(frozen=True)
+class JobHistory:
+    """What happened to one export: its destination's name (None once deleted), attempt events in
+    order, cancellation requests and outbox rows in the order they were recorded."""
+
+    destination_name: str | None
+    events: list[AttemptEvent]
+    cancellation_requests: list[CancellationRequest]
+    outbox: list[OutboxEntry]
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One line of a listing. ``created_at`` is the job's first outbox row's, the table having no such column."""
+
+    id: UUID
+    tenant_name: str
+    destination_name: str | None
+    status: str
+    failure_reason: str | None
+    version: int
+    attempt_count: int
+    created_by: str
+    created_at: datetime | None
+
+
+class ReadOnlyDatabase(peewee.PostgresqlDatabase):
+    """psycopg 3 under a role, every transaction read-only, so the models cannot write through it."""
+
+    def __init__(self, url: str, role: Role):
+        super().__init__(url, prefer_psycopg3=True, autoconnect=True)
+        self._url = url
+        self._role = role
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                               application_name="exports-read")
+        try:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self._role.value)))
+            conn.execute("SET default_transaction_read_only = on")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+
+def _select(model: type[peewee.Model], shape: type[Any]) -> peewee.ModelSelect:
+    """The model's columns that the dataclass ``shape`` names, in its order."""
+    return model.select(*(getattr(model, f.name) for f in dataclasses.fields(shape)))
+
+
+class Views:
+    """The operator's reads on one read-only database under ``role``; it connects on the first read."""
+
+    def __init__(self, url: str, role: Role = Role.APP):
+        self._db = ReadOnlyDatabase(url, role)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "Views":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _all(self, shape: type[_Row], query: peewee.ModelSelect) -> list[_Row]:
+        return [shape(**row) for row in query.dicts().bind(self._db)]
+
+    def _one(self, shape: type[_Row], query: peewee.ModelSelect) -> _Row | None:
+        rows = self._all(shape, query.limit(1))
+        return rows[0] if rows else None
+
+    def tenant(self, tenant_id: UUID) -> Tenant | None:
+        return self._one(Tenant, _select(models.Tenant, Tenant).where(models.Tenant.id == tenant_id))
+
+    def tenants_named(self, name: str, *, limit: int) -> list[Tenant]:
+        return self._all(Tenant, _select(models.Tenant, Tenant).where(models.Tenant.name == name).limit(limit))
+
+    def destination(self, tenant_id: UUID, destination_id: UUID) -> Destination | None:
+        """One of this tenant's destinations; another tenant's answers None, like a missing one."""
+        D = models.Destination
+        return self._one(Destination, _select(D, Destination).where((D.tenant_id == tenant_id) & (D.id == destination_id)))
+
+    def destinations_named(self, tenant_id: UUID, name: str, *, limit: int) -> list[Destination]:
+        D = models.Destination
+        return self._all(Destination, _select(D, Destination).where((D.tenant_id == tenant_id) & (D.name == name))
+                         .limit(limit))
+
+    def job(self, tenant_id: UUID, job_id: UUID) -> Job | None:
+        """This tenant's export; another tenant's answers None, like a missing one."""
+        J = models.ExportJob
+        return self._one(Job, _select(J, Job).where((J.id == job_id) & (J.tenant_id == tenant_id)))
+
+    def grant(self, operator_id: str, tenant_id: UUID) -> Grant | None:
+        A = models.OperatorAccess
+        return self._one(Grant, _select(A, Grant).where((A.operator_id == operator_id) & (A.tenant_id == tenant_id)))
+
+    def history(self, job: Job) -> JobHistory:
+        E, C, O, D = models.AttemptEvent, models.CancellationRequest, models.OutboxRow, models.Destination
+        return JobHistory(
+            destination_name=D.select(D.name).where(D.id == job.destination_id).limit(1).bind(self._db).scalar(),
+            events=self._all(AttemptEvent, _select(E, AttemptEvent).where(E.job_id == job.id).order_by(E.id)),
+            cancellation_requests=self._all(CancellationRequest, _select(C, CancellationRequest)
+                                            .where((C.tenant_id == job.tenant_id) & (C.job_id == job.id))
+                                            .order_by(C.recorded_at)),
+            outbox=self._all(OutboxEntry, _select(O, OutboxEntry).where(O.job_id == job.id).order_by(O.created_at)),
+        )
+
+    def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int) -> list[JobSummary]:
+        """Exports newest first (those without an outbox row last), of one tenant or all."""
+        J, T, D, O = models.ExportJob, models.Tenant, models.Destination, models.OutboxRow
+        created_at = O.select(peewee.fn.MIN(O.created_at)).where(O.job_id == J.id)
+        query = (J.select(J.id, T.name.alias("tenant_name"), D.name.alias("destination_name"), J.status,
+                          J.failure_reason, J.version, J.attempt_count, J.created_by, created_at.alias("created_at"))
+                 .join(T, on=(T.id == J.tenant_id))
+                 .switch(J)
+                 .join(D, peewee.JOIN.LEFT_OUTER, on=(D.id == J.destination_id)))
+        if tenant_id is not None:
+            query = query.where(J.tenant_id == tenant_id)
+        if status is not None:
+            query = query.where(J.status == status.value)
+        return self._all(JobSummary, query.order_by(peewee.SQL("created_at").desc(nulls="LAST"), J.id).limit(limit))
+
+    def counts_by_status(self, *, tenant_id: UUID | None = None) -> dict[str, int]:
+        """How many exports are in each status that has any, of one tenant or all."""
+        J = models.ExportJob
+        query = J.select(J.status, peewee.fn.COUNT(J.id).alias("n"))
+        if tenant_id is not None:
+            query = query.where(J.tenant_id == tenant_id)
+        return {row["status"]: row["n"] for row in query.group_by(J.status).dicts().bind(self._db)}

