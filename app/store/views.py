@@ -75,6 +75,7 @@ class Job:
     replacement_reason: str | None
     overwrite_agreement_ref: str | None
     sweep_count: int
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class JobHistory:
 
 @dataclass(frozen=True)
 class JobSummary:
-    """One line of a listing. ``created_at`` is the job's first outbox row's, the table having no such column."""
+    """One line of a listing."""
 
     id: UUID
     tenant_name: str
@@ -131,7 +132,7 @@ class JobSummary:
     version: int
     attempt_count: int
     created_by: str
-    created_at: datetime | None
+    created_at: datetime
 
 
 class ReadOnlyDatabase(peewee.PostgresqlDatabase):
@@ -218,11 +219,11 @@ class Views:
         )
 
     def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int) -> list[JobSummary]:
-        """Exports newest first (those without an outbox row last), of one tenant or all."""
-        J, T, D, O = models.ExportJob, models.Tenant, models.Destination, models.OutboxRow
-        created_at = O.select(peewee.fn.MIN(O.created_at)).where(O.job_id == J.id)
+        """Exports newest first, of one tenant or all: an index scan of (tenant, created_at), (status,
+        created_at) or created_at that stops at ``limit``, however long the history."""
+        J, T, D = models.ExportJob, models.Tenant, models.Destination
         query = (J.select(J.id, T.name.alias("tenant_name"), D.name.alias("destination_name"), J.status,
-                          J.failure_reason, J.version, J.attempt_count, J.created_by, created_at.alias("created_at"))
+                          J.failure_reason, J.version, J.attempt_count, J.created_by, J.created_at)
                  .join(T, on=(T.id == J.tenant_id))
                  .switch(J)
                  .join(D, peewee.JOIN.LEFT_OUTER, on=(D.id == J.destination_id)))
@@ -230,7 +231,7 @@ class Views:
             query = query.where(J.tenant_id == tenant_id)
         if status is not None:
             query = query.where(J.status == status.value)
-        return self._all(JobSummary, query.order_by(peewee.SQL("created_at").desc(nulls="LAST"), J.id).limit(limit))
+        return self._all(JobSummary, query.order_by(J.created_at.desc(), J.id.desc()).limit(limit))
 
     def counts_by_status(self, *, tenant_id: UUID | None = None) -> dict[str, int]:
         """How many exports are in each status that has any, of one tenant or all."""

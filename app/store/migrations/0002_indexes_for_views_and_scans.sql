@@ -11,6 +11,7 @@ ALTER TABLE export_jobs ALTER COLUMN created_at SET DEFAULT clock_timestamp(),
                         ALTER COLUMN created_at SET NOT NULL;
 CREATE INDEX ix_export_jobs_created ON export_jobs (created_at);
 CREATE INDEX ix_export_jobs_tenant_created ON export_jobs (tenant_id, created_at);
+CREATE INDEX ix_export_jobs_status_created ON export_jobs (status, created_at);
 
 -- show reads one job's outbox rows; retention pages through the oldest.
 CREATE INDEX ix_outbox_job ON outbox (job_id, created_at);
