@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import socket
 from typing import NamedTuple
 
@@ -26,6 +27,12 @@ from app.delivery.errors import HostKeyError
 #: Longest piece of a host key line quoted back in an error, in characters.
 MAX_SHOWN_CHARS = 80
 _HASHED_PREFIX = "|1|"
+
+# paramiko logs a failed handshake with a traceback from its own thread, which an operator would
+# see on stderr beside our one-line HostKeyError: the fetch's transport logs where nothing listens.
+_QUIET_TRANSPORT_LOG = logging.getLogger(f"{__name__}.transport")
+_QUIET_TRANSPORT_LOG.addHandler(logging.NullHandler())
+_QUIET_TRANSPORT_LOG.propagate = False
 
 
 class PinnedHostKey(NamedTuple):
@@ -83,6 +90,7 @@ def fetch_host_key(host: str, port: int, timeout: float) -> paramiko.PKey:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise HostKeyError(f"cannot reach {where}: {_shown(reason)}") from None
     transport = paramiko.Transport(sock)
+    transport.set_log_channel(_QUIET_TRANSPORT_LOG.name)
     try:
         transport.banner_timeout = timeout
         transport.handshake_timeout = timeout
