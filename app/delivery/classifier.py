@@ -3,6 +3,9 @@
 An upload that stops part way is a question, not an answer: the final name may or may not have
 been written. The classifier answers Failed only on proof that this attempt never wrote the final
 name, and OutcomeUnknown otherwise, so recovery and reconciliation can settle it from evidence.
+
+A Failed outcome carries the store's ``FailureCode`` as the terminal write records it, limited to
+the codes a delivery can end with; the runner writes it as it comes.
 """
 
 from __future__ import annotations

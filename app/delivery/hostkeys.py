@@ -63,9 +63,11 @@ def parse_host_key(line: str, host: str, port: int) -> PinnedHostKey:
     if not isinstance(line, str) or not line.strip() or not all(c.isprintable() or c == "\t" for c in line):
         raise HostKeyError("the host key must be one known_hosts line: [host]:port keytype base64")
     fields = line.split()
-    if len(fields) < 3 or fields[0].startswith("@"):
-        raise HostKeyError("the host key must be one known_hosts line: [host]:port keytype base64, "
-                           "without a marker")
+    if len(fields) < 3:
+        raise HostKeyError("the host key must be one known_hosts line: [host]:port keytype base64")
+    if fields[0].startswith("@"):
+        raise HostKeyError("the host key must be one known_hosts line without a marker: "
+                           "@cert-authority and @revoked pin no key")
     names, keytype, data = fields[:3]
     expected = known_hosts_name(host, port)
     if not any(_names_host(name, expected) for name in names.split(",")):
