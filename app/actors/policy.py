@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import psycopg
 
 from app import logs
-from app.delivery.destination import DestinationConfig, DestinationError
+from app.delivery.config import DestinationConfig
+from app.delivery.errors import DestinationError
 from app.store import directory
 from app.store.worker import JobView
 

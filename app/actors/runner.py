@@ -23,9 +23,11 @@ from typing import Callable
 from uuid import UUID
 
 from app import logs, metrics
-from app.delivery import destination as dest
 from app.actors.builder import BuildFailed, BuildStopped, BuiltFile, ContactsBuilder
-from app.delivery.classifier import Stage, classify
+from app.delivery.classifier import Completed, DeliveryOutcome, Failed, Stage, Unknown, classify
+from app.delivery.config import DestinationConfig
+from app.delivery.destination import Destination
+from app.delivery.evidence import Evidence
 from app.actors.lease import LeaseKeeper, Leases
 from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
@@ -86,13 +88,13 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
 
 
-DestinationFactory = Callable[[dest.DestinationConfig], "dest.Destination"]
+DestinationFactory = Callable[[DestinationConfig], Destination]
 
 
 class ExportRunner:
     def __init__(
         self, *, db: Database, lease_seconds: float, policy: ExportPolicy, builder: ContactsBuilder,
-        leases: Leases, watcher: StopWatcher, destination_for: DestinationFactory = dest.Destination,
+        leases: Leases, watcher: StopWatcher, destination_for: DestinationFactory = Destination,
         worker_id: Callable[[], str] = worker_identity,
     ) -> None:
         self.db = db
@@ -241,7 +243,7 @@ class ExportRunner:
         built, expected = prepared.built, prepared.expected
         observed_by = f"{worker_id}/{attempt_id}"
 
-        def record(evidence: dest.Evidence) -> None:
+        def record(evidence: Evidence) -> None:
             # Appended whoever owns the job now; it never touches the job's status. Raising here
             # before the upload keeps the upload from starting.
             self._append_evidence(job.id, attempt_id, observed_by, evidence.to_detail())
@@ -288,25 +290,25 @@ class ExportRunner:
                 raise RuntimeError("delivery evidence was not appended")
 
 
-def _terminal(outcome: dest.DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None]:
+def _terminal(outcome: DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None]:
     match outcome:
-        case dest.Completed(receipt=receipt):
+        case Completed(receipt=receipt):
             return Status.COMPLETED, None, f"proof={receipt.proof.value}"
-        case dest.Failed(code=code, detail=detail):
-            return Status.FAILED, FailureCode(code.value), detail[:300]
-        case dest.Unknown(detail=detail):
+        case Failed(code=code, detail=detail):
+            return Status.FAILED, code, detail[:300]
+        case Unknown(detail=detail):
             return Status.OUTCOME_UNKNOWN, None, detail[:300]
     raise AssertionError(f"unexpected delivery outcome {outcome!r}")
 
 
-def _outcome_detail(outcome: dest.DeliveryOutcome, attempt_id: UUID) -> str:
+def _outcome_detail(outcome: DeliveryOutcome, attempt_id: UUID) -> str:
     """The attempt's own account of its delivery, kept even when its terminal write matches nothing."""
     payload: dict[str, object] = {"stage": "outcome", "attempt_id": str(attempt_id), "outcome": outcome.status}
     match outcome:
-        case dest.Completed(receipt=receipt):
+        case Completed(receipt=receipt):
             payload["receipt"] = json.loads(receipt.to_detail())
-        case dest.Failed(code=code, detail=detail):
+        case Failed(code=code, detail=detail):
             payload.update(code=code.value, detail=detail)
-        case dest.Unknown(detail=detail):
+        case Unknown(detail=detail):
             payload["detail"] = detail
     return json.dumps(payload, separators=(",", ":"), sort_keys=True)

@@ -3,6 +3,9 @@
 An upload that stops part way is a question, not an answer: the final name may or may not have
 been written. The classifier answers Failed only on proof that this attempt never wrote the final
 name, and OutcomeUnknown otherwise, so recovery and reconciliation can settle it from evidence.
+
+A Failed outcome carries the store's ``FailureCode`` as the terminal write records it, limited to
+the codes a delivery can end with; the runner writes it as it comes.
 """
 
 from __future__ import annotations
@@ -11,21 +14,18 @@ import enum
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
-if TYPE_CHECKING:
-    from app.delivery.destination import Listing, Receipt
+from app.delivery.credentials import redact as redact_secrets
+from app.delivery.evidence import Listing, Receipt
+from app.store.types import FailureCode
 
 #: Longest exception text kept in an outcome's detail, in characters; details land in a text column.
 MAX_DETAIL_CHARS = 300
-
-
-class FailureCode(enum.StrEnum):
-    """The failure codes a delivery can end with; the values are the schema's failure_reason."""
-
-    NOT_DELIVERED = "NotDelivered"
-    FINAL_NAME_OCCUPIED = "FinalNameOccupied"
-    ORIGINAL_DELIVERED = "OriginalDelivered"
+#: The failure codes a delivery itself can end with; the others belong to the build and to recovery.
+DELIVERY_FAILURE_CODES = frozenset(
+    {FailureCode.NOT_DELIVERED, FailureCode.FINAL_NAME_OCCUPIED, FailureCode.ORIGINAL_DELIVERED}
+)
 
 
 class Stage(enum.Enum):
@@ -60,6 +60,10 @@ class Failed:
     code: FailureCode
     detail: str
     status: str = "Failed"
+
+    def __post_init__(self) -> None:
+        if self.code not in DELIVERY_FAILURE_CODES:
+            raise ValueError(f"a delivery cannot fail with {self.code.value}")
 
 
 @dataclass(frozen=True)
@@ -122,10 +126,7 @@ def classify(
 def describe(exc: BaseException, *, redact: Iterable[str] = ()) -> str:
     """A short, secret-free description of an exception for an outcome's detail or a log."""
     name = "Timeout" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
-    text = str(exc)
-    for secret in redact:
-        if secret:
-            text = text.replace(secret, "***")
+    text = redact_secrets(str(exc), redact)
     if len(text) > MAX_DETAIL_CHARS:
         text = text[:MAX_DETAIL_CHARS] + "..."
     return f"{name}: {text}" if text else name

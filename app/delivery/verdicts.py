@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from app.delivery.destination import EvidenceStage, ExpectedFile, Listing, Proof
-from app.store.types import Status
+from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof, Receipt
+from app.store.types import ExpectedFile, Status
+
+#: The stage of the record the runner appends with the attempt's own outcome (and its receipt).
+OUTCOME_STAGE = "outcome"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,25 +36,10 @@ class AttemptEvidence:
     rename_refused: bool
 
 
-def _listing(payload: dict[str, Any]) -> Listing | None:
-    try:
-        sha = payload.get("sha256")
-        return Listing(
-            final_name=str(payload["final_name"]),
-            present=bool(payload["present"]),
-            size=payload.get("size"),
-            mtime=payload.get("mtime"),
-            sha256=bytes.fromhex(sha) if sha else None,
-            hash_source=payload.get("hash_source"),
-            ack=payload.get("ack"),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def parse_evidence(details: Iterable[str | None]) -> AttemptEvidence:
-    """Parses evidence details in the order they were appended. A detail that is not one of the
-    destination's evidence records is not evidence of anything, and is skipped."""
+    """Parses evidence details in the order they were appended: the destination's ``Evidence``
+    records, and the runner's outcome records whose receipt is a ``Receipt``. A detail that is
+    neither is not evidence of anything, and is skipped."""
     baseline: Listing | None = None
     observations: list[tuple[str, Listing]] = []
     rename_refused = False
@@ -60,22 +50,29 @@ def parse_evidence(details: Iterable[str | None]) -> AttemptEvidence:
             continue
         if not isinstance(payload, dict):
             continue
-        stage = payload.get("stage")
-        if stage == "outcome":
-            receipt = payload.get("receipt")
-            listing = _listing(receipt) if isinstance(receipt, dict) else None
-            if listing is not None:
-                observations.append((EvidenceStage.RECEIPT.value, listing))
+        if payload.get("stage") == OUTCOME_STAGE:
+            receipt = _parsed(Receipt.from_dict, payload.get("receipt"))
+            if receipt is not None:
+                observations.append((EvidenceStage.RECEIPT.value, receipt.evidence.listing))
             continue
-        listing = _listing(payload)
-        if listing is None:
+        evidence = _parsed(Evidence.from_dict, payload)
+        if evidence is None:
             continue
-        if stage == EvidenceStage.BASELINE.value:
-            baseline = baseline or listing
+        if evidence.stage is EvidenceStage.BASELINE:
+            baseline = baseline or evidence.listing
         else:
-            rename_refused = rename_refused or stage == EvidenceStage.RENAME_REFUSED.value
-            observations.append((str(stage), listing))
+            rename_refused = rename_refused or evidence.stage is EvidenceStage.RENAME_REFUSED
+            observations.append((evidence.stage.value, evidence.listing))
     return AttemptEvidence(baseline, tuple(observations), rename_refused)
+
+
+def _parsed(parse: Callable[[Mapping[str, Any]], T], payload: object) -> T | None:
+    if not isinstance(payload, dict):
+        return None
+    try:
+        return parse(payload)
+    except ValueError:
+        return None
 
 
 class Resolution(enum.Enum):

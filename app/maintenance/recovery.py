@@ -23,7 +23,9 @@ from uuid import UUID
 
 from app import logs
 from app.config import Settings
-from app.delivery.destination import Destination, DestinationConfig, Evidence, EvidenceStage, Listing
+from app.delivery.config import DestinationConfig
+from app.delivery.destination import Destination
+from app.delivery.evidence import Evidence, EvidenceStage, Listing
 from app.delivery.verdicts import DeliveryVerdict, Resolution, decide_delivery, expected_file, parse_evidence
 from app.store import directory, export, recovery
 from app.store.database import Database

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from app.delivery.destination import Evidence, EvidenceStage, Listing
 from app import logs
+from app.delivery.evidence import Evidence, EvidenceStage, Listing
 from app.config import Settings
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
 from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig

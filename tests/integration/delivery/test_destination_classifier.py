@@ -12,8 +12,9 @@ import socket
 import paramiko
 import pytest
 
-from app.delivery.classifier import Failed, FailureCode, Stage, Unknown, classify, describe
-from app.delivery.destination import Listing
+from app.delivery.classifier import Failed, Stage, Unknown, classify, describe
+from app.delivery.evidence import Listing
+from app.store.types import FailureCode
 
 ABSENT = Listing(final_name="f.csv", present=False)
 PRESENT = Listing(final_name="f.csv", present=True, size=10, mtime=1)

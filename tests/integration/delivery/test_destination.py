@@ -16,20 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from app.delivery.destination import (
-    Completed,
-    CredentialError,
-    Destination,
-    Evidence,
-    EvidenceStage,
-    ExpectedFile,
-    Failed,
-    FailureCode,
-    Proof,
-    Unknown,
-    ack_name,
-    temp_name,
-)
+from app.delivery.classifier import Completed, Failed, Unknown
+from app.delivery.destination import Destination, ack_name, temp_name
+from app.delivery.errors import CredentialError
+from app.delivery.evidence import Evidence, EvidenceStage, Proof
+from app.store.types import ExpectedFile, FailureCode
 from tests.fixtures.sftp import SftpPeer, key_secrets, make_client_key
 
 FINAL = "contacts-tenant-7-key-42.csv"

@@ -13,7 +13,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from app.delivery.destination import Destination, DestinationConfig, ExpectedFile
+from app.delivery.config import DestinationConfig
+from app.delivery.destination import Destination
+from app.store.types import ExpectedFile
 from app.devtools.sftp_server import EmbeddedSftpServer, load_or_create_host_key
 from tests.fixtures.sftp import SftpPeer
 
@@ -118,7 +120,7 @@ def test_the_command_line_server_accepts_a_delivery_and_stops_on_sigterm(tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         text=True,
     )
     try:

@@ -1,0 +1,27 @@
+"""The delivery package's own errors, in one tree under ``app.errors.ExportsError``.
+
+They live apart from the modules that raise them because the configuration, the credential and
+host-key parsers and the destination all raise them, and a caller (the policy, the CLI) catches
+``DestinationError`` without importing the code that delivers.
+"""
+
+from app.errors import ExportsError
+
+
+class DestinationError(ExportsError):
+    """Raised when a destination cannot be used as configured: the base of the delivery errors."""
+
+
+class CredentialError(DestinationError):
+    """Raised when a credential reference is malformed or cannot be resolved. The message names the
+    reference's kind and target at most, never the secret, and never a malformed reference (which
+    may be a secret pasted in the wrong place)."""
+
+
+class HostKeyError(DestinationError):
+    """Raised when a pinned host key line cannot be parsed or names another host or port, or when a
+    server's host key cannot be fetched."""
+
+
+class UploadMismatch(DestinationError):
+    """Raised when what was uploaded under the temporary name is not the expected file."""
