@@ -4,12 +4,8 @@ handlers. These are for administrators; no operator grant is checked."""
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
-import re
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from app.cli import contacts as cli_contacts, lookup as cli_lookup
 from app.cli.common import (
@@ -21,20 +17,18 @@ from app.cli.common import (
     name,
     not_found,
     positive_int,
-    printable,
     refused,
     text,
 )
 from app.cli.output import emit
+from app.delivery.credentials import parse_credential_ref
+from app.delivery.errors import CredentialError, HostKeyError
+from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
 from app.store import directory
 from app.store.migrate import migrate
 
-if TYPE_CHECKING:
-    import paramiko
-
 #: Seconds to wait for a server's host key with --fetch-host-key.
 FETCH_HOST_KEY_TIMEOUT = 10.0
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -115,70 +109,26 @@ def tenant_add(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def known_hosts_name(host: str, port: int) -> str:
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def fingerprint(key: "paramiko.PKey") -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def parse_host_key(line: str, host: str, port: int) -> tuple[str, "paramiko.PKey"]:
-    """Validates one known_hosts line for this host and port; returns it normalized with its key."""
-    from paramiko.hostkeys import HostKeyEntry
-
-    try:
-        entry = HostKeyEntry.from_line(line)
-    except Exception:
-        entry = None
-    if entry is None or entry.key is None:
-        raise bad_input("--host-key is not a known_hosts line (\"[host]:port keytype base64\")")
-    expected = known_hosts_name(host, port)
-    if expected not in entry.hostnames:
-        raise bad_input(f"--host-key names {printable(','.join(entry.hostnames), 80)}, not {expected}")
-    return f"{expected} {entry.key.get_name()} {entry.key.get_base64()}", entry.key
-
-
-def fetch_host_key(host: str, port: int) -> "paramiko.PKey":
-    """The key the server presents now. Trust on first use, which is why it needs --yes."""
-    import paramiko
-
-    try:
-        transport = paramiko.Transport((host, port))
-    except OSError as exc:
-        raise not_found(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
-    try:
-        transport.banner_timeout = FETCH_HOST_KEY_TIMEOUT
-        transport.start_client(timeout=FETCH_HOST_KEY_TIMEOUT)
-        return transport.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise not_found(f"{host}:{port} did not present an SSH host key: {type(exc).__name__}") from None
-    finally:
-        transport.close()
-
-
-def check_credential_ref(ref: str) -> str:
-    kind, sep, target = ref.partition(":")
-    if sep and kind in ("env", "env-keyfile") and _ENV_NAME.match(target):
-        return ref
-    if sep and kind == "keyfile" and target.startswith("/"):
-        return ref
-    raise bad_input("--credential-ref must be env:VARIABLE, keyfile:/absolute/path or env-keyfile:VARIABLE "
-                    "(a reference to the secret, never the secret)")
-
-
 def destination_add(ctx: Context, args: argparse.Namespace) -> int:
-    credential_ref = check_credential_ref(args.credential_ref)
+    try:
+        credential_ref = str(parse_credential_ref(args.credential_ref))
+    except CredentialError as exc:
+        raise bad_input(f"--credential-ref: {exc}") from None
     if args.fetch_host_key:
-        key = fetch_host_key(args.host, args.port)
-        line = f"{known_hosts_name(args.host, args.port)} {key.get_name()} {key.get_base64()}"
+        try:
+            key = fetch_host_key(args.host, args.port, FETCH_HOST_KEY_TIMEOUT)
+        except HostKeyError as exc:
+            raise not_found(str(exc)) from None
+        line = known_hosts_line(args.host, args.port, key)
         if not args.yes:
             raise refused(f"{args.host}:{args.port} presents {key.get_name()} {fingerprint(key)}; "
                           "check it with the partner and re-run with --yes to pin it",
                           host_key=line, fingerprint=fingerprint(key))
     else:
-        line, key = parse_host_key(args.host_key, args.host, args.port)
+        try:
+            line, key = parse_host_key(args.host_key, args.host, args.port)
+        except HostKeyError as exc:
+            raise bad_input(f"--host-key: {exc}") from None
     tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     destination_id = uuid.uuid4()
     new = directory.NewDestination(
