@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Mapping
 
 
-class ConfigError(ValueError):
+from app.errors import ExportsError
+
+#: The formats EXPORTS_LOG_FORMAT accepts (app/logs.py renders them).
+LOG_FORMATS = ("text", "json")
+
+
+class ConfigError(ExportsError, ValueError):
     """Raised when an EXPORTS_* variable has a value we cannot use; the message names it."""
 
 
@@ -48,6 +54,16 @@ class Settings:
     relay_batch_size: int = 200
     #: EXPORTS_DEBUG set: the operator scripts log at DEBUG and print the traceback of a surprise.
     debug: bool = False
+    #: None: the login of database_url (or, embedded, the embedded reconciler login) makes corrections.
+    reconciler_database_url: str | None = None
+    #: How every process writes its log: "text" (key=value) or "json" (one object per line).
+    log_format: str = "text"
+    #: Where each process serves /metrics: host:port, or "off". Loopback by default.
+    relay_metrics: str = "127.0.0.1:9461"
+    scheduler_metrics: str = "127.0.0.1:9462"
+    worker_metrics: str = "127.0.0.1:9463"
+    #: Seconds between a process's heartbeats.
+    heartbeat_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -70,13 +86,40 @@ class Settings:
             relay_poll_seconds=_number(env, "EXPORTS_RELAY_POLL_SECONDS", 5.0, minimum=0.05),
             relay_batch_size=int(_number(env, "EXPORTS_RELAY_BATCH", 200, minimum=1)),
             debug=bool(env.get("EXPORTS_DEBUG")),
+            reconciler_database_url=env.get("EXPORTS_RECONCILER_DATABASE_URL") or None,
+            log_format=(env.get("EXPORTS_LOG_FORMAT") or "text").lower(),
+            relay_metrics=env.get("EXPORTS_RELAY_METRICS") or "127.0.0.1:9461",
+            scheduler_metrics=env.get("EXPORTS_SCHEDULER_METRICS") or "127.0.0.1:9462",
+            worker_metrics=env.get("EXPORTS_WORKER_METRICS") or "127.0.0.1:9463",
+            heartbeat_seconds=_number(env, "EXPORTS_HEARTBEAT_SECONDS", 10.0, minimum=0.1),
         )
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "
                               "or a healthy attempt would lose its lease between renewals")
         if settings.broker_url and not settings.broker_url.startswith(("redis://", "rediss://", "amqp://", "amqps://")):
             raise ConfigError("EXPORTS_BROKER_URL must start with redis:// or amqp://")
+        if settings.log_format not in LOG_FORMATS:
+            raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {settings.log_format!r}")
+        for name in ("relay_metrics", "scheduler_metrics", "worker_metrics"):
+            _check_address(f"EXPORTS_{name.upper()}", getattr(settings, name))
         return settings
+
+    def require_broker(self) -> None:
+        """For a process that publishes or consumes: refuses an external database without a broker URL.
+        The embedded Redis serves the embedded database only; with a shared database, a private Redis
+        would take messages no other host's worker reads."""
+        if self.database_url and not self.broker_url:
+            raise ConfigError("EXPORTS_BROKER_URL is not set but EXPORTS_DATABASE_URL is: set EXPORTS_BROKER_URL "
+                              "to the broker every host shares (redis://... or amqp://...)")
+
+
+def _check_address(name: str, value: str) -> None:
+    from app.metrics import parse_address
+
+    try:
+        parse_address(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be host:port or off, not {value!r}") from None
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -87,3 +130,16 @@ def resolve_database_url(settings: Settings) -> str:
     from app import embedded   # pgserver is imported only when there is no configured database
 
     return embedded.database_url(settings)
+
+
+def resolve_reconciler_url(settings: Settings) -> str:
+    """The login corrections connect with: EXPORTS_RECONCILER_DATABASE_URL, else the application's
+    database (whose login must then be a member of exports_reconciler), else the embedded reconciler
+    login."""
+    if settings.reconciler_database_url:
+        return settings.reconciler_database_url
+    if settings.database_url:
+        return settings.database_url
+    from app import embedded
+
+    return embedded.reconciler_url(settings)

@@ -24,6 +24,8 @@ from uuid import UUID
 
 #: The formats ``configure`` accepts.
 FORMATS = ("text", "json")
+#: Libraries whose INFO lines are noise at our scale (APScheduler logs every run of every job).
+QUIET = {"apscheduler": logging.WARNING, "pika": logging.WARNING, "paramiko": logging.WARNING}
 _PASSED_THROUGH = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
 
 
@@ -101,3 +103,5 @@ def configure(fmt: str = "text", level: int = logging.INFO, stream: TextIO | Non
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for name, quiet_level in QUIET.items():
+        logging.getLogger(name).setLevel(max(level, quiet_level))

@@ -30,6 +30,7 @@ import psycopg
 
 from app import logs, metrics
 from app.config import Settings, resolve_database_url
+from app.heartbeat import Heartbeat
 from app.store import connector, errors
 from app.store.database import Database, connect
 from app.store.relay import OutboxMessage, claim_batch, mark_published
@@ -217,9 +218,16 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
     url = resolve_database_url(settings)
     broker = build_broker(settings)
     with Database(url, Role.DISPATCHER, min_size=1, max_size=2, name="exports-relay") as db:
+        beating = Heartbeat(db, "relay", interval_seconds=settings.heartbeat_seconds).start()
+        try:
+            metrics.serve(settings.relay_metrics)
+        except OSError as exc:
+            # Metrics are not worth stopping the outbox for: say so, and run without them.
+            log.error("metrics.unavailable", address=settings.relay_metrics, error=type(exc).__name__)
         log.info("relay.started", batch_size=settings.relay_batch_size, poll_seconds=settings.relay_poll_seconds)
         try:
             Relay(settings, db, broker).run_forever(stop_event)
         finally:
             broker.close()
+            beating.stop()
             log.info("relay.stopped")

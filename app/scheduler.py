@@ -1,9 +1,11 @@
-"""The scheduler process (``exports scheduler``): recovery, the sweeper and the scavenger, each run by
-APScheduler at its interval.
+"""The scheduler process (``exports scheduler``): recovery and the sweeper, each run by APScheduler at
+its interval, with the process's heartbeat and its metrics (``/metrics``, with gauges read from the
+database on each scrape).
 
 The services live in ``app/maintenance/``, one per file, each built from a database and its own
 config with a ``run_once()`` that returns counts; this module only wires them in. Every write they
-make is conditional, so any number of schedulers may run at once.
+make is conditional, so any number of schedulers may run at once. (The scavenger runs in each worker
+process instead, for the work directory of its own host: ``app/actors/process.py``.)
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from app import logs, metrics
 from app.config import Settings, resolve_database_url
+from app.heartbeat import SILENT_INTERVALS, Heartbeat
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
-from app.maintenance.scavenger import Scavenger, ScavengerConfig
 from app.maintenance.sweeper import Sweeper, SweeperConfig
 from app.store.database import Database
 from app.store.types import Role
@@ -40,8 +42,8 @@ def _run_logged(name: str, service_run: Callable[[], object]) -> Callable[[], No
 
 def build_scheduler(settings: Settings, db: Database, *, inspect_destination: InspectDestination | None = None,
                     blocking: bool = False) -> BaseScheduler:
-    """The three services at their intervals, each at most one run at a time (``max_instances=1``)
-    with missed runs folded into one (``coalesce``). Not started."""
+    """The services at their intervals, each at most one run at a time (``max_instances=1``) with
+    missed runs folded into one (``coalesce``). Not started."""
     if db.role is not Role.APP:
         raise ValueError(f"the scheduler runs as {Role.APP.value}, not {db.role.value}")
     scheduler: BaseScheduler = (BlockingScheduler if blocking else BackgroundScheduler)(timezone="UTC")
@@ -49,8 +51,6 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
         ("recovery", Recovery(db, RecoveryConfig.from_settings(settings), inspect_destination).run_once,
          settings.recovery_interval_seconds),
         ("sweeper", Sweeper(db, SweeperConfig.from_settings(settings)).run_once, settings.sweep_interval_seconds),
-        ("scavenger", Scavenger(db, ScavengerConfig.from_settings(settings)).run_once,
-         settings.scavenge_interval_seconds),
     )
     for name, run, interval in services:
         scheduler.add_job(_run_logged(name, run), "interval", seconds=interval, id=name, name=name,
@@ -64,11 +64,26 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
     for the runs in progress."""
     url = resolve_database_url(settings)
     with Database(url, Role.APP, min_size=1, max_size=4, name="exports-scheduler") as db:
+        beating = Heartbeat(db, "scheduler", interval_seconds=settings.heartbeat_seconds).start()
+        _serve_metrics(settings, db)
         scheduler = build_scheduler(settings, db)
         scheduler.start()
-        log.info("scheduler.started", recovery_every=settings.recovery_interval_seconds, sweep_every=settings.sweep_interval_seconds, scavenge_every=settings.scavenge_interval_seconds)
+        log.info("scheduler.started", recovery_every=settings.recovery_interval_seconds,
+                 sweep_every=settings.sweep_interval_seconds)
         try:
             stop_event.wait()
         finally:
             scheduler.shutdown(wait=True)
+            beating.stop()
             log.info("scheduler.stopped")
+
+
+def _serve_metrics(settings: Settings, db: Database) -> None:
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(metrics.DatabaseGauges(db, silent_seconds=SILENT_INTERVALS * settings.heartbeat_seconds))
+    try:
+        metrics.serve(settings.scheduler_metrics)
+    except OSError as exc:
+        # Metrics are not worth stopping recovery for: say so, and run without them.
+        log.error("metrics.unavailable", address=settings.scheduler_metrics, error=type(exc).__name__)

@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Sequence
 
+from app import __version__, logs
 from app.cli import jobs, processes, setup, views
 from app.cli.common import EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_FAILURE, CliError, Context, Parser, printable
 from app.cli.output import error
@@ -39,6 +40,7 @@ def build_parser() -> Parser:
                     "answers exactly like a missing one.\n\nEXPORTS_DATABASE_URL picks the database; unset, an "
                     "embedded PostgreSQL runs under EXPORTS_STATE_DIR (default ./var).",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"exports {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
     for module in COMMAND_MODULES:
@@ -47,7 +49,11 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "forwards_unknown", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.forwarded = rest
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
@@ -57,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "long_running", False):
         # An operator script answers in one line; library log records would add lines of their own.
         if settings.debug:
-            logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+            logs.configure(settings.log_format, level=logging.DEBUG)
         else:
             logging.getLogger().addHandler(logging.NullHandler())
     try:
@@ -65,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         error(ctx, exc.code, exc.message, exc.data)
         return exc.code
+    except ConfigError as exc:   # a setting that only this command needs (a broker for a relay, ...)
+        error(ctx, EXIT_BAD_INPUT, str(exc))
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the one place a surprise becomes one line instead of a traceback

@@ -1,7 +1,11 @@
 """The long-running processes (relay, scheduler, worker, demo): their parsers and handlers.
 
-Each resolves the database once (the embedded one when EXPORTS_DATABASE_URL is unset), stops cleanly
-on SIGINT or SIGTERM, and configures its own logging.
+Each resolves the database once (the embedded one when EXPORTS_DATABASE_URL is unset), logs in the one
+format (EXPORTS_LOG_FORMAT), serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
+SIGTERM: the relay and the scheduler finish the pass or run in progress; a worker stops taking
+messages, stops attempts still building (recovery requeues them) and lets uploads finish, for up to
+30 s (dramatiq's --worker-shutdown-timeout) before abandoning them to recovery. A second SIGTERM
+to a worker kills it at once.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import signal
 import sys
 import threading
 
+from app import logs, metrics
 from app.cli.common import EXIT_OK, Context, command, positive_int
 
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
@@ -20,7 +25,6 @@ DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
 DEFAULT_THREADS = 4
 #: Milliseconds dramatiq waits for running exports at shutdown before abandoning them to recovery.
 WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
-LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -32,12 +36,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                 description="Run recovery, the sweeper and the scavenger until SIGINT or SIGTERM.")
     p.set_defaults(handler=scheduler, long_running=True)
     p = command(commands, "worker", help_="run export workers (dramatiq app.actors.worker)",
-                description="Run `dramatiq app.actors.worker` with the embedded services resolved.")
+                description="Run `dramatiq app.actors.worker` with the embedded services resolved. Flags this "
+                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.")
     p.add_argument("--processes", type=positive_int(256), default=DEFAULT_PROCESSES,
                    help=f"worker processes (default {DEFAULT_PROCESSES}: this machine's CPUs, at most 4)")
     p.add_argument("--threads", type=positive_int(256), default=DEFAULT_THREADS,
                    help=f"threads per process (default {DEFAULT_THREADS})")
-    p.set_defaults(handler=worker, long_running=True)
+    p.set_defaults(handler=worker, long_running=True, forwards_unknown=True)
     p = command(commands, "demo", help_="run the whole system on this machine through a scripted scenario",
                 description="Start the embedded services, relay, two workers and the scheduler, play a scenario, "
                             "print the outcome and stop everything (--keep leaves it running).")
@@ -57,10 +62,15 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _level(ctx: Context) -> int:
+    return logging.DEBUG if ctx.settings.debug else logging.INFO
+
+
 def relay(ctx: Context, args: argparse.Namespace) -> int:
     from app import relay as relay_module
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    ctx.settings.require_broker()
+    logs.configure(ctx.settings.log_format, level=_level(ctx))
     relay_module.run_forever(ctx.settings, _stop_on_signals())
     return EXIT_OK
 
@@ -68,21 +78,28 @@ def relay(ctx: Context, args: argparse.Namespace) -> int:
 def scheduler(ctx: Context, args: argparse.Namespace) -> int:
     from app import scheduler as scheduler_module
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logs.configure(ctx.settings.log_format, level=_level(ctx))
     scheduler_module.run_forever(ctx.settings, _stop_on_signals())
     return EXIT_OK
 
 
 def worker(ctx: Context, args: argparse.Namespace) -> int:
-    """Replaces this process with ``dramatiq app.actors.worker``, so signals reach dramatiq directly.
-    The workers inherit this environment, with the database resolved once here rather than by each."""
+    """Runs dramatiq's command line in this process, so the pid this prints is the one to signal.
+    The worker processes it forks inherit this environment, with the database resolved once here."""
+    import dramatiq.cli
+
+    ctx.settings.require_broker()
     os.environ["EXPORTS_DATABASE_URL"] = ctx.database_url()
-    argv = [sys.executable, "-m", "dramatiq", "app.actors.worker", "--processes", str(args.processes),
-            "--threads", str(args.threads), "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS)]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, argv)
-    return EXIT_OK   # not reached
+    address = metrics.parse_address(ctx.settings.worker_metrics)
+    if address is not None:
+        # Dramatiq's Prometheus middleware reads these when it is imported, in each worker process.
+        os.environ["dramatiq_prom_host"], os.environ["dramatiq_prom_port"] = address[0], str(address[1])
+        os.environ["dramatiq_prom_db"] = str(ctx.settings.state_dir / f"worker-metrics-{os.getpid()}")
+    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    argv = ["app.actors.worker", "--processes", str(args.processes), "--threads", str(args.threads),
+            "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS), *args.forwarded]
+    print(f"exports worker: pid {os.getpid()} (SIGTERM or SIGINT stops it gracefully)", file=sys.stderr, flush=True)
+    return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))
 
 
 def demo(ctx: Context, args: argparse.Namespace) -> int:
