@@ -13,7 +13,7 @@ from uuid import UUID
 
 import psycopg
 
-from app.config import Settings, resolve_database_url
+from app.config import Settings, resolve_database_url, resolve_reconciler_url
 from app.store.database import connect
 from app.store.types import Role, Status
 from app.store.views import Views
@@ -197,7 +197,9 @@ class Context:
 
     @contextmanager
     def connection(self, role: Role = Role.APP) -> Iterator[psycopg.Connection]:
-        conn = connect(self.database_url(), role, application_name="exports-cli")
+        """A connection as ``role``; a correction's (exports_reconciler) uses the reconciler's own login."""
+        url = resolve_reconciler_url(self.settings) if role is Role.RECONCILER else self.database_url()
+        conn = connect(url, role, application_name="exports-cli")
         try:
             yield conn
         finally:

@@ -44,7 +44,7 @@ def cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        return value.strftime("%H:%M:%S")
+        return value.strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, (bytes, memoryview)):
         return bytes(value).hex()[:12]
     return printable(str(value), 80)

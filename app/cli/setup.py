@@ -24,7 +24,7 @@ from app.cli.output import emit
 from app.delivery.credentials import parse_credential_ref
 from app.delivery.errors import CredentialError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
-from app.store import directory
+from app.store import directory, logins
 from app.store.migrate import migrate
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
@@ -36,6 +36,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(db, "migrate", help_="apply schema.sql (a second run changes nothing)",
                 description="Apply schema.sql under an advisory lock; a second run changes nothing.")
     p.set_defaults(handler=db_migrate)
+    p = command(db, "logins", help_="print (or --apply) one login per kind of process",
+                description="Print the SQL that makes an application login (a member of exports_app and "
+                            "exports_dispatcher) and a reconciler login (a member of exports_reconciler only), so the "
+                            "application's login cannot correct outcomes even with SET ROLE. --apply runs it as this "
+                            "database's owner. No password is set: give each login what pg_hba.conf asks for.")
+    p.add_argument("--app-login", type=name, default=logins.APP_LOGIN, help=f"(default {logins.APP_LOGIN})")
+    p.add_argument("--reconciler-login", type=name, default=logins.RECONCILER_LOGIN,
+                   help=f"(default {logins.RECONCILER_LOGIN})")
+    p.add_argument("--apply", action="store_true", help="run the statements instead of printing them")
+    p.set_defaults(handler=db_logins)
 
     tenant = group(commands, "tenant", "tenants")
     p = command(tenant, "add", help_="add a tenant and print its id", description="Add a tenant and print its id.")
@@ -98,6 +108,18 @@ _port.__name__ = "port"
 def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
     applied = migrate(ctx.database_url())
     emit(ctx, "schema applied" if applied else "schema already up to date", {"applied": applied})
+    return EXIT_OK
+
+
+def db_logins(ctx: Context, args: argparse.Namespace) -> int:
+    names = logins.Logins(app=args.app_login, reconciler=args.reconciler_login)
+    if args.apply:
+        logins.apply(ctx.database_url(), names)
+        emit(ctx, f"logins {names.app!r} and {names.reconciler!r} ready", {"applied": True, "app": names.app,
+                                                                            "reconciler": names.reconciler})
+        return EXIT_OK
+    with ctx.connection() as conn:
+        emit(ctx, logins.script(conn, names).rstrip("\n"), {"applied": False, "sql": logins.script(conn, names)})
     return EXIT_OK
 
 

@@ -42,13 +42,40 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def test_version_names_the_release(capsys):
+    from app import __version__
+
+    code, out, _ = _run(capsys, "--version")
+
+    assert (code, out.strip()) == (0, f"exports {__version__}")
+
+
+def test_an_unknown_flag_is_refused_except_by_the_worker_which_passes_it_to_dramatiq(capsys):
+    code, _, err = _run(capsys, "list", "--pid-file", "/tmp/x")
+    assert code == 2 and "unrecognized arguments: --pid-file /tmp/x" in err
+
+    args, rest = build_parser().parse_known_args(["worker", "-v", "--pid-file", "/tmp/w.pid"])
+    assert args.forwards_unknown and rest == ["-v", "--pid-file", "/tmp/w.pid"]
+
+
+@pytest.mark.parametrize("process", ["relay", "worker"])
+def test_a_process_with_a_shared_database_and_no_broker_refuses_to_start_naming_the_setting(
+        capsys, monkeypatch, process):
+    monkeypatch.setenv("EXPORTS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+
+    code, _, err = _run(capsys, process)
+
+    assert code == 2 and err.count("\n") == 1 and "EXPORTS_BROKER_URL" in err
+
+
 def test_exports_help_lists_every_command_and_exits_zero(capsys):
     code, out, _ = _run(capsys, "--help")
 
     assert code == 0
     top = {path[0] for path in LEAVES}
     assert top == {"db", "tenant", "destination", "operator", "contacts", "create", "cancel", "edit", "replace",
-                   "reconcile", "correct", "show", "list", "watch", "relay", "scheduler", "worker", "demo"}
+                   "reconcile", "correct", "show", "list", "watch", "health", "processes", "outbox", "relay",
+                   "scheduler", "worker", "demo"}
     assert all(f"    {command}" in out for command in top)
 
 
