@@ -156,11 +156,16 @@ def seconds_arg(value: str) -> float:
 seconds_arg.__name__ = "seconds"
 
 
-def command(subparsers: argparse._SubParsersAction, name_: str, *, help_: str, description: str) -> Parser:
-    """A command that runs a handler: ``--json``, and the exit codes at the end of its ``--help``."""
-    json_option = argparse.ArgumentParser(add_help=False)
-    json_option.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    return subparsers.add_parser(name_, help=help_, description=description, parents=[json_option],
+def command(subparsers: argparse._SubParsersAction, name_: str, *, help_: str, description: str,
+            json_output: bool = True) -> Parser:
+    """A command that runs a handler: ``--json`` where it prints a document, and the exit codes at the
+    end of its ``--help``."""
+    parents = []
+    if json_output:
+        json_option = argparse.ArgumentParser(add_help=False)
+        json_option.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+        parents.append(json_option)
+    return subparsers.add_parser(name_, help=help_, description=description, parents=parents,
                                  epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 

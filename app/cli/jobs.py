@@ -144,7 +144,8 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
         raise refused(f"delivery key {delivery_key} is taken in tenant {tenant.name!r}; nothing created")
     emit(ctx, f"export {job_id} queued for {destination.name!r} (file {export.final_name(delivery_key)})",
          {"job_id": str(job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
-          "delivery_key": delivery_key, "final_name": export.final_name(delivery_key), "status": Status.QUEUED.value})
+          "delivery_key": delivery_key, "final_name": export.final_name(delivery_key), "status": Status.QUEUED.value,
+          "version": 1})
     return EXIT_OK
 
 
@@ -161,11 +162,14 @@ def cancel(ctx: Context, args: argparse.Namespace) -> int:
     if reply is CancellationReply.RECORDED:
         assert result.outcome is not None
         found = result.found_status.value if result.found_status else None
-        emit(ctx, f"{_OUTCOME_TEXT[result.outcome]} (found {found}; request {request_id})",
+        replay = (f"; a replay of request {request_id}, recorded {result.replay_of:%Y-%m-%d %H:%M:%S}"
+                  if result.replay_of else f"; request {request_id}")
+        emit(ctx, f"{_OUTCOME_TEXT[result.outcome]} (found {found}{replay})",
              {"job_id": str(args.job), "request_id": str(request_id), "reply": reply.value,
               "outcome": result.outcome.value, "found_status": found,
               "found_attempt_id": result.found_attempt_id, "found_attempt_count": result.found_attempt_count,
-              "found_delivery_authorized_at": result.found_delivery_authorized_at})
+              "found_delivery_authorized_at": result.found_delivery_authorized_at,
+              "replay": result.replay_of is not None, "recorded_at": result.replay_of})
         return EXIT_OK
     if reply is CancellationReply.NOT_FOUND:
         raise CliError(EXIT_NOT_FOUND, f"no export {args.job} in tenant {tenant.name!r}; nothing recorded",
@@ -190,8 +194,9 @@ def edit(ctx: Context, args: argparse.Namespace) -> int:
                                   destination_id=destination.id)
     if outcome.result is EditResult.NOT_CHANGED:
         current = cli_lookup.job(views, tenant, args.job)
-        raise refused(f"NotChanged: export {job.id} is {current.status} at version {current.version} "
-                      f"(terms change only while Queued, at the expected version {args.expected_version})",
+        why = (f"it already goes to {destination.name!r}" if current.destination_id == destination.id else
+               f"terms change only while Queued, at the expected version {args.expected_version}")
+        raise refused(f"NotChanged: export {job.id} is {current.status} at version {current.version} ({why})",
                       reply=outcome.result.value, status=current.status, version=current.version)
     emit(ctx, f"export {job.id} now goes to {destination.name!r} (version {outcome.version})",
          {"job_id": str(job.id), "result": outcome.result.value, "version": outcome.version,

@@ -32,12 +32,12 @@ def emit(ctx: Context, human: str, data: Any) -> None:
 
 
 def error(ctx: Context | None, code: int, message: str, data: dict[str, Any] | None = None) -> None:
-    """One line on stderr; with --json, also a JSON object on stdout so a script has a body to parse."""
-    sys.stderr.write(f"exports: error: {printable(message, 500)}\n")
-    sys.stderr.flush()
+    """One line on stderr, never stdout: text, or with --json one JSON object a script can parse."""
     if ctx is not None and ctx.json:
-        sys.stdout.write(to_json({"error": message, "exit_code": code, **(data or {})}) + "\n")
-        sys.stdout.flush()
+        sys.stderr.write(to_json({"error": message, "exit_code": code, **(data or {})}) + "\n")
+    else:
+        sys.stderr.write(f"exports: error: {printable(message, 500)}\n")
+    sys.stderr.flush()
 
 
 def cell(value: Any) -> str:

@@ -29,15 +29,17 @@ WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
 
 def register(commands: argparse._SubParsersAction) -> None:
     # long_running: these log for themselves, so main leaves logging to them.
+    # None of them prints a document, so none offers --json.
     p = command(commands, "relay", help_="publish the outbox to the broker (SIGINT/SIGTERM to stop)",
-                description="Publish unpublished outbox rows to the broker until SIGINT or SIGTERM.")
+                description="Publish unpublished outbox rows to the broker until SIGINT or SIGTERM.",
+                json_output=False)
     p.set_defaults(handler=relay, long_running=True)
-    p = command(commands, "scheduler", help_="recovery, sweeper and scavenger (SIGINT/SIGTERM to stop)",
-                description="Run recovery, the sweeper and the scavenger until SIGINT or SIGTERM.")
+    p = command(commands, "scheduler", help_="recovery and the sweeper (SIGINT/SIGTERM to stop)",
+                description="Run recovery and the sweeper until SIGINT or SIGTERM.", json_output=False)
     p.set_defaults(handler=scheduler, long_running=True)
     p = command(commands, "worker", help_="run export workers (dramatiq app.actors.worker)",
                 description="Run `dramatiq app.actors.worker` with the embedded services resolved. Flags this "
-                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.")
+                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False)
     p.add_argument("--processes", type=positive_int(256), default=DEFAULT_PROCESSES,
                    help=f"worker processes (default {DEFAULT_PROCESSES}: this machine's CPUs, at most 4)")
     p.add_argument("--threads", type=positive_int(256), default=DEFAULT_THREADS,
@@ -45,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=worker, long_running=True, forwards_unknown=True)
     p = command(commands, "demo", help_="run the whole system on this machine through a scripted scenario",
                 description="Start the embedded services, relay, two workers and the scheduler, play a scenario, "
-                            "print the outcome and stop everything (--keep leaves it running).")
+                            "print the outcome and stop everything (--keep leaves it running).", json_output=False)
     p.add_argument("--keep", action="store_true", help="leave everything running and print the environment")
     p.add_argument("--stop", action="store_true", help="stop what a demo started with --keep left running")
     p.set_defaults(handler=demo, long_running=True)

@@ -14,7 +14,7 @@ from app.cli import lookup as cli_lookup
 from app.cli.common import EXIT_OK, Context, command, job_command, name, positive_int, seconds_arg, status_arg
 from app.cli.output import emit, table
 from app.store.types import Status
-from app.store.views import JobSummary, Views
+from app.store.views import AttemptEvent, JobSummary, Views
 
 #: Status order for counts: the job's life, left to right.
 STATUS_ORDER = [s.value for s in Status]
@@ -28,7 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     p = command(commands, "list", help_="list exports", description="List exports, newest first.")
     p.add_argument("--tenant", type=name, help="tenant id or exact name")
-    p.add_argument("--status", type=status_arg)
+    p.add_argument("--status", type=status_arg, help=f"one of: {', '.join(s.value for s in Status)}")
     p.add_argument("--limit", type=positive_int(100_000), default=100)
     p.set_defaults(handler=list_jobs)
 
@@ -53,7 +53,7 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
     data = {
         "job": job_data,
         "destination": history.destination_name,
-        "events": [dataclasses.asdict(e) for e in events],
+        "events": [{**dataclasses.asdict(e), **_outcome_of(e)} for e in events],
         "cancellation_requests": [dataclasses.asdict(r) for r in requests],
         "evidence": [{"attempt_id": e.attempt_id, "observed_by": e.observed_by, "detail": e.detail,
                       "recorded_at": e.recorded_at} for e in events if e.kind == "DeliveryEvidence"],
@@ -68,7 +68,9 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
              f"  delivery key {job.delivery_key}"
              + (f"  replaces {job.replaces_job_id} ({job.replacement_reason})" if job.replaces_job_id else "")]
     if job.attempt_id:
-        lines.append(f"  attempt {job.attempt_id} by {job.claimed_by}  lease until {job.lease_expires_at}")
+        # A finished job has no lease to speak of: only a live attempt's expiry means anything.
+        lease = f"  lease until {job.lease_expires_at}" if job.lease_expires_at else ""
+        lines.append(f"  attempt {job.attempt_id} by {job.claimed_by}{lease}")
     if job.expected_file_name:
         lines.append(f"  expected file {job.expected_file_name}  {job.expected_file_bytes} bytes")
     lines += ["", "attempt events:",
@@ -76,14 +78,24 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
                     [[e.recorded_at, str(e.attempt_id)[:8], e.kind, e.worker_id or e.observed_by, e.detail]
                      for e in events]) if events else "  (none)"]
     lines += ["", "cancellation requests:",
-              table(["time", "request", "by", "outcome", "found", "reason"],
-                    [[r.recorded_at, str(r.id)[:8], r.requested_by, r.outcome, r.found_status, r.reason]
-                     for r in requests]) if requests else "  (none)"]
+              table(["time", "request", "by", "outcome", "found", "attempt", "authorized at", "reason"],
+                    [[r.recorded_at, str(r.id)[:8], r.requested_by, r.outcome, r.found_status,
+                      str(r.found_attempt_id)[:8] if r.found_attempt_id else None, r.found_delivery_authorized_at,
+                      r.reason] for r in requests]) if requests else "  (none)"]
     lines += ["", "outbox:",
               table(["created", "message", "published"],
                     [[o.created_at, o.message_id, o.published_at] for o in outbox]) if outbox else "  (none)"]
     emit(ctx, "\n".join(lines), data)
     return EXIT_OK
+
+
+def _outcome_of(event: AttemptEvent) -> dict[str, Any]:
+    """A Finished event's outcome and failure code as fields: its detail starts with them
+    (``Failed NotDelivered: ...``, ``Completed: proof=...``)."""
+    if event.kind != "Finished" or not event.detail:
+        return {}
+    head = event.detail.split(":", 1)[0].split()
+    return {"outcome": head[0] if head else None, "failure_reason": head[1] if len(head) > 1 else None}
 
 
 def _rows(jobs: list[JobSummary]) -> list[list[Any]]:
@@ -124,8 +136,10 @@ def watch(ctx: Context, args: argparse.Namespace) -> int:
             text, data = render_watch(views, tenant_id, args.limit)
             if ctx.json:
                 emit(ctx, "", data)
-            else:
+            elif sys.stdout.isatty():
                 sys.stdout.write("\x1b[H\x1b[2J" + text + "\n\n(Ctrl-C to stop)\n")
+            else:   # a pipe or a file gets one plain frame after another, no escape codes
+                sys.stdout.write(text + "\n\n")
                 sys.stdout.flush()
             time.sleep(args.interval)
     except KeyboardInterrupt:

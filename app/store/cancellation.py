@@ -122,4 +122,4 @@ def _answer_for_earlier(earlier: dict[str, Any], job_id: UUID, requested_by: str
         CancellationReply.RECORDED, request_id, CancellationOutcome(earlier["outcome"]),
         found_status=Status(earlier["found_status"]), found_attempt_id=earlier["found_attempt_id"],
         found_attempt_count=earlier["found_attempt_count"],
-        found_delivery_authorized_at=earlier["found_delivery_authorized_at"])
+        found_delivery_authorized_at=earlier["found_delivery_authorized_at"], replay_of=earlier["recorded_at"])

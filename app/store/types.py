@@ -165,3 +165,5 @@ class CancellationResult:
     found_attempt_id: UUID | None = None
     found_attempt_count: int | None = None
     found_delivery_authorized_at: datetime | None = None
+    #: When the answer is a request already recorded (the same click again): when it was recorded.
+    replay_of: datetime | None = None

@@ -97,7 +97,9 @@ class CancellationRequest:
     reason: str | None
     outcome: str
     found_status: str
+    found_attempt_id: UUID | None
     found_attempt_count: int
+    found_delivery_authorized_at: datetime | None
     recorded_at: datetime
 
 

@@ -100,6 +100,16 @@ def test_an_edit_with_a_stale_expected_version_changes_nothing(conn, seed):
     assert seed.outbox(job) == outbox_before
 
 
+def test_an_edit_to_the_destination_the_job_already_has_changes_nothing_and_keeps_the_version(conn, seed):
+    job = seed.queued()
+    before, outbox_before = seed.row(job), seed.outbox(job)
+
+    assert edit(conn, job, job.destination_id).result is EditResult.NOT_CHANGED
+
+    assert seed.row(job) == before and before["version"] == 1
+    assert seed.outbox(job) == outbox_before
+
+
 def test_an_edit_for_another_tenant_changes_nothing(conn, seed):
     job = seed.queued()
     other_tenant = seed.tenant("Other")

@@ -41,11 +41,13 @@ RETURNING job_id;
 -- name: export_edit_terms
 -- Changes a queued job's destination: the version increments, so a worker holding the old terms fails
 -- its claim, and a new wake-up (new message id) brings the job back for a fresh evaluation. woken_at is
--- the database's clock, never a client-side value.
+-- the database's clock, never a client-side value. An edit to the destination the job already has
+-- changes no term, so it matches nothing: no new version, no wake-up.
 WITH edited AS (
     UPDATE export_jobs
     SET destination_id = %(destination_id)s, version = version + 1, woken_at = clock_timestamp()
     WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND status = 'Queued' AND version = %(expected_version)s
+      AND destination_id IS DISTINCT FROM %(destination_id)s::uuid
     RETURNING id, version)
 INSERT INTO outbox (message_id, kind, job_id, created_at)
 SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM edited
