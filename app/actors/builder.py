@@ -104,7 +104,7 @@ class ContactsBuilder:
             remove_quietly(partial)
             if stop.is_set():
                 # The cancellation the stop caused surfaces as the database's error: it is a stop.
-                raise BuildStopped(stop.reason) from None
+                raise BuildStopped(stop.reason or StopReason.SHUTDOWN) from None
             raise BuildFailed(f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
             remove_quietly(partial)

@@ -127,7 +127,9 @@ class ExportRunner:
                 # Queued -> Rejected, this version only: after an edit this matches nothing, and the
                 # edit's own wake-up brings the job back for a fresh evaluation.
                 rejected = export.reject(conn, job_id=job.id, checked_version=job.version)
-                log.info("runner.rejected", job_id=job.id, version=job.version, refusal=decision.refusal.value, written=rejected)
+                assert decision.refusal is not None
+                log.info("runner.rejected", job_id=job.id, version=job.version, refusal=decision.refusal.value,
+                         written=rejected)
                 return RunResult(RunOutcome.REJECTED)
 
         # Cutoff 1.
@@ -169,6 +171,7 @@ class ExportRunner:
         built: BuiltFile | None = None
         cutoff: AuthorizationResult | None = None
         try:
+            assert decision.scope is not None   # an allowed decision always has one
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop)
@@ -252,6 +255,7 @@ class ExportRunner:
         started = time.monotonic()
         try:
             try:
+                assert decision.destination is not None   # an allowed decision always has one
                 destination = self.destination_for(decision.destination)
                 outcome = destination.deliver(
                     built.path, expected, attempt_id=str(attempt_id),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import psycopg
 from psycopg import sql
@@ -24,18 +24,18 @@ def text(name: str) -> str:
     return f"/* {name} */ {STATEMENTS[name]}"
 
 
-def execute(conn: psycopg.Connection, name: str, params: Params = None) -> int:
+def execute(conn: psycopg.Connection[Any], name: str, params: Params = None) -> int:
     """Runs a statement; returns how many rows it changed (or returned)."""
     return conn.execute(text(name), params).rowcount
 
 
-def fetch_one(conn: psycopg.Connection, name: str, params: Params = None) -> dict[str, Any] | None:
-    """The first row, or None."""
-    return conn.execute(text(name), params).fetchone()
+def fetch_one(conn: psycopg.Connection[Any], name: str, params: Params = None) -> dict[str, Any] | None:
+    """The first row, or None. Connections from app.store.database make dict rows."""
+    return cast("dict[str, Any] | None", conn.execute(text(name), params).fetchone())
 
 
-def fetch_all(conn: psycopg.Connection, name: str, params: Params = None) -> list[dict[str, Any]]:
-    return conn.execute(text(name), params).fetchall()
+def fetch_all(conn: psycopg.Connection[Any], name: str, params: Params = None) -> list[dict[str, Any]]:
+    return cast("list[dict[str, Any]]", conn.execute(text(name), params).fetchall())
 
 
 @contextmanager

@@ -4,7 +4,7 @@ exactly the grants of its role and a missing or excess grant fails a test rather
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import psycopg
 from psycopg import sql
@@ -17,7 +17,8 @@ from app.store.types import Role
 CONNECT_TIMEOUT_SECONDS = 5
 
 
-def connect(url: str, role: Role, *, autocommit: bool = True, application_name: str = "exports") -> psycopg.Connection:
+def connect(url: str, role: Role, *, autocommit: bool = True,
+            application_name: str = "exports") -> psycopg.Connection[Any]:
     """A connection running as ``role``. Autocommit, because every protocol write is one statement and
     the few multi-statement writes open their own ``conn.transaction()``."""
     conn = psycopg.connect(
@@ -35,7 +36,7 @@ def connect(url: str, role: Role, *, autocommit: bool = True, application_name: 
     return conn
 
 
-def _set_role(conn: psycopg.Connection, role: Role) -> None:
+def _set_role(conn: psycopg.Connection[Any], role: Role) -> None:
     conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role.value)))
     if not conn.autocommit:
         conn.commit()   # SET ROLE outlives the transaction only once committed

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg
@@ -67,12 +68,14 @@ def migrate(url: str) -> bool:
             return bool(pending)
 
 
-def current_version(conn: psycopg.Connection) -> int:
+def current_version(conn: psycopg.Connection[Any]) -> int:
     """The highest version recorded, 0 for a database that has never been migrated."""
     cur = conn.cursor(row_factory=tuple_row)   # whatever rows the connection makes
-    if cur.execute("SELECT to_regclass('public.schema_version') IS NULL").fetchone()[0]:
+    missing = cur.execute("SELECT to_regclass('public.schema_version') IS NULL").fetchone()
+    if missing is None or missing[0]:
         return 0
-    return cur.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+    row = cur.execute("SELECT max(version) FROM schema_version").fetchone()
+    return (row[0] if row else None) or 0
 
 
 def create_database(admin_url: str, name: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -117,8 +118,8 @@ def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_
             for r in rows]
 
 
-def _bytes(value: object) -> bytes | None:
-    return bytes(value) if value is not None else None  # type: ignore[arg-type]
+def _bytes(value: Any) -> bytes | None:
+    return bytes(value) if value is not None else None
 
 
 #: The advisory-lock class of inspection claims (the key's first half; the attempt's hash is the second).

@@ -177,10 +177,11 @@ class Views:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _all(self, shape: type[_Row], query: peewee.ModelSelect) -> list[_Row]:
+    def _all(self, shape: type[_Row], query: Any) -> list[_Row]:
+        """The rows of a peewee query (typed loosely: .dicts() yields mappings, not models)."""
         return [shape(**row) for row in query.dicts().bind(self._db)]
 
-    def _one(self, shape: type[_Row], query: peewee.ModelSelect) -> _Row | None:
+    def _one(self, shape: type[_Row], query: Any) -> _Row | None:
         rows = self._all(shape, query.limit(1))
         return rows[0] if rows else None
 
@@ -238,7 +239,7 @@ class Views:
     def counts_by_status(self, *, tenant_id: UUID | None = None) -> dict[str, int]:
         """How many exports are in each status that has any, of one tenant or all."""
         J = models.ExportJob
-        query = J.select(J.status, peewee.fn.COUNT(J.id).alias("n"))
+        query: Any = J.select(J.status, peewee.fn.COUNT(J.id).alias("n"))
         if tenant_id is not None:
             query = query.where(J.tenant_id == tenant_id)
         return {row["status"]: row["n"] for row in query.group_by(J.status).dicts().bind(self._db)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 from uuid import UUID
 
 import psycopg
@@ -62,4 +63,4 @@ def confirm_stops(conn: psycopg.Connection, watched: dict[UUID, UUID]) -> list[U
 def consenting_contacts_csv(conn: psycopg.Connection, tenant_id: UUID) -> Iterator[Iterator[bytes]]:
     """The tenant's consenting contacts as CSV, written by PostgreSQL itself, in blocks as they arrive."""
     with connector.copy(conn, "worker_copy_consenting_contacts", dict(tenant_id=tenant_id)) as copied:
-        yield iter(copied)
+        yield cast("Iterator[bytes]", iter(copied))
