@@ -13,6 +13,8 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
+#: Seconds a wait may take when the caller does not say: ample for a condition that is about to hold.
+TIMEOUT = 10.0
 #: Seconds between two looks at the condition.
 INTERVAL = 0.02
 
@@ -22,7 +24,7 @@ class TimedOut(AssertionError):
     it as a failed expectation, with ``what`` and the diagnostics in its message."""
 
 
-def wait_until(condition: Callable[[], T], what: str, timeout: float, *, interval: float = INTERVAL,
+def wait_until(condition: Callable[[], T], what: str, timeout: float = TIMEOUT, *, interval: float = INTERVAL,
                diagnostics: Callable[[], str] = lambda: "") -> T:
     """Calls ``condition`` until it returns a truthy value, and returns that value; raises ``TimedOut``
     naming ``what`` (and ``diagnostics()``, when given) once ``timeout`` seconds have passed. An exception

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.delivery.destination import Evidence, EvidenceStage, Listing
+from app.devtools.waiting import wait_until
 from app.config import Settings
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
 from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig
@@ -455,14 +456,9 @@ def test_two_recoveries_at_once_take_each_expired_job_over_exactly_once(
 
 
 def _wait_for_waiters(admin, holder_pid: int, n: int) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        blocked = admin.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
-                                (holder_pid,)).fetchone()["n"]
-        if blocked >= n:
-            return
-        time.sleep(0.01)   # polling the server's lock graph under a deadline
-    raise AssertionError(f"{n} recoveries never waited on the held row")
+    wait_until(lambda: admin.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                     (holder_pid,)).fetchone()["n"] >= n,
+               f"{n} recoveries to wait on the held row", DEADLINE, interval=0.01)
 
 
 # -- the real destination -------------------------------------------------------------------------------
@@ -627,10 +623,7 @@ def test_run_forever_takes_an_expired_attempt_over_and_stops_when_asked(db_url, 
                               daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + DEADLINE
-        while seed.status(job) is not Status.QUEUED:
-            assert time.monotonic() < deadline, "the scheduler never ran recovery"
-            time.sleep(0.05)   # polling the row under a deadline
+        wait_until(lambda: seed.status(job) is Status.QUEUED, "the scheduler to run recovery", DEADLINE)
     finally:
         stop.set()
         thread.join(DEADLINE)
