@@ -89,7 +89,7 @@ class Running:
     process: subprocess.Popen
     log_path: Path
     stop_signal: int = signal.SIGTERM
-    #: Set by ``stop``: whether the process was still running when asked, and whether it was killed.
+    #: Set by ``ProcessGroup.stop_all``: whether it was still running when asked, and whether it was killed.
     asked: bool = False
     killed: bool = False
 
@@ -103,11 +103,6 @@ class Running:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        self.asked = self.process.poll() is None
-        self.killed = not stop_process(self.process, self.stop_signal, timeout)
-        return self.process.returncode
 
     def problem(self) -> str | None:
         """What went wrong when it was stopped: killed, or a failing exit code when asked to stop (a
