@@ -1,17 +1,15 @@
-"""More rows in a given state, and the tools that force interleavings.
+"""More rows in a given state.
 
 Every state is reached through the real statements under exports_app (claim, cutoff 2, the terminal
 writes, recovery after ``expire_lease``), so a factory cannot produce an original the protocol could
-not. Interleavings are forced with held transactions and confirmed with ``pg_blocking_pids``.
+not. The tools that force interleavings are in tests/support.py.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 from uuid import UUID
 
 import psycopg
@@ -23,12 +21,8 @@ from app.store import cancellation, export, recovery
 from app.store.types import CancellationOutcome, FailureCode, ReplacementResult, Status
 from tests.factories import Job, Seeder
 
-T = TypeVar("T")
-
 WORKER = "worker-test"
 RECOVERY_RUN = "recovery-test"
-#: How long a test waits for a statement to be seen blocked, or for a thread to finish, in seconds.
-WAIT_SECONDS = 10.0
 
 
 class States:
@@ -126,61 +120,6 @@ def insert_job_directly(admin: psycopg.Connection, job: Job, **columns: Any) -> 
     admin.execute(
         f"INSERT INTO export_jobs ({', '.join(names)}, woken_at) VALUES ({placeholders}, clock_timestamp())",
         values)
-
-
-def count(admin: psycopg.Connection, query: str, *params: Any) -> int:
-    return admin.execute(f"SELECT count(*) AS n FROM {query}", params).fetchone()["n"]
-
-
-# --- forcing interleavings -------------------------------------------------------------------------
-
-
-def wait_until_blocked(admin: psycopg.Connection, waiting: psycopg.Connection,
-                       by: psycopg.Connection | None = None, timeout: float = WAIT_SECONDS) -> list[int]:
-    """Returns once ``waiting``'s backend is blocked (by ``by``'s backend, when given). Polls the
-    server's own lock graph, so the test knows the statement waits rather than hoping it does."""
-    pid = waiting.info.backend_pid
-    deadline = time.monotonic() + timeout
-    while True:
-        blockers = admin.execute("SELECT pg_blocking_pids(%s) AS pids", (pid,)).fetchone()["pids"]
-        if blockers and (by is None or by.info.backend_pid in blockers):
-            return blockers
-        if time.monotonic() > deadline:
-            raise AssertionError(f"backend {pid} was not seen blocked within {timeout}s (blockers: {blockers})")
-        time.sleep(0.01)
-
-
-def is_blocked(admin: psycopg.Connection, waiting: psycopg.Connection) -> bool:
-    return bool(admin.execute("SELECT pg_blocking_pids(%s) AS pids", (waiting.info.backend_pid,)).fetchone()["pids"])
-
-
-class Background(Generic[T]):
-    """Runs one call on its own thread; ``result()`` returns its value or re-raises its exception."""
-
-    def __init__(self, call: Callable[[], T]):
-        self._call = call
-        self._value: T | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._call()
-        except BaseException as exc:   # handed to the test thread by result()
-            self._error = exc
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def result(self, timeout: float = WAIT_SECONDS) -> T:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise AssertionError(f"the background call did not finish within {timeout}s")
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
 
 
 def job_ids_with_key(admin: psycopg.Connection, tenant_id: UUID, delivery_key: str) -> list[UUID]:

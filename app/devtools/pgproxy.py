@@ -26,6 +26,9 @@ pooled connection should mark a statement that runs fewer times, or pass ``prepa
 Clients must reach the proxy without TLS/GSS encryption: ``url`` sets sslmode and gssencmode to disable
 (and the proxy declines an SSLRequest anyway). The upstream may be TCP or a unix socket, so the proxy
 works in front of the embedded server (unix socket only) and a real one alike.
+
+It is ``app.devtools.tcp_proxy`` with a framing of the protocol: connections, refusals and drops are
+the TCP proxy's; this module only reads whole messages and decides where a connection is cut.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from app.devtools.tcp_proxy import Framing, Link, TcpProxy, Upstream
 
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
@@ -77,11 +82,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_message(sock: socket.socket) -> tuple[bytes, bytes]:
-    """One typed message: (type byte, the whole message as it travels)."""
+def _read_message(sock: socket.socket) -> bytes:
+    """One typed message, whole, as it travels: type byte, length, body."""
     header = _recv_exact(sock, 5)
     (length,) = struct.unpack("!I", header[1:])
-    return header[:1], header + _recv_exact(sock, length - 4)
+    return header + _recv_exact(sock, length - 4)
 
 
 def _read_startup(sock: socket.socket) -> bytes:
@@ -90,87 +95,59 @@ def _read_startup(sock: socket.socket) -> bytes:
     return header + _recv_exact(sock, length - 4)
 
 
-class _Pipe:
-    """One client connection and its upstream connection, pumped by two threads."""
+class _Protocol(Framing):
+    """One connection read as protocol messages, in both directions."""
 
-    def __init__(self, proxy: "PgProxy", client: socket.socket, server: socket.socket):
+    def __init__(self, proxy: "PgProxy", link: Link) -> None:
+        super().__init__(link)
         self.proxy = proxy
-        self.client = client
-        self.server = server
+        self.started = False
         self.armed: Cut | None = None      # set by the client pump before the marked statement goes up
-        self._closed = threading.Event()
 
-    def start(self) -> None:
-        threading.Thread(target=self._client_to_server, daemon=True, name="pgproxy-up").start()
-        threading.Thread(target=self._server_to_client, daemon=True, name="pgproxy-down").start()
+    def read_from_client(self, sock: socket.socket) -> bytes:
+        if self.started:
+            return _read_message(sock)
+        startup = _read_startup(sock)
+        while struct.unpack("!I", startup[4:8])[0] in (_SSL_REQUEST, _GSSENC_REQUEST):
+            sock.sendall(b"N")   # no encryption through the proxy: it must read the messages
+            startup = _read_startup(sock)
+        return startup
 
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        for sock in (self.client, self.server):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-        self.proxy._forget(self)
+    def read_from_server(self, sock: socket.socket) -> bytes:
+        return _read_message(sock)
 
-    def _client_to_server(self) -> None:
-        try:
-            startup = _read_startup(self.client)
-            while struct.unpack("!I", startup[4:8])[0] in (_SSL_REQUEST, _GSSENC_REQUEST):
-                self.client.sendall(b"N")   # no encryption through the proxy: it must read the messages
-                startup = _read_startup(self.client)
-            self.server.sendall(startup)
-            while True:
-                kind, message = _read_message(self.client)
-                cut = self.proxy._match(kind, message) if kind in (b"Q", b"P") else None
-                if cut is not None and not cut.after_reply:
-                    self.proxy._fire(cut, self)
-                    return
-                if cut is not None:
-                    self.armed = cut
-                self.server.sendall(message)
-        except (EOFError, OSError):
-            pass
-        finally:
-            self.close()
+    def to_server(self, message: bytes) -> bool:
+        if not self.started:
+            self.started = True   # the startup message: untyped, never a statement
+            return True
+        cut = self.proxy._match(message) if message[:1] in (b"Q", b"P") else None
+        if cut is None:
+            return True
+        if cut.after_reply:
+            self.armed = cut
+            return True
+        self.proxy._fire(cut, self.link)
+        return False
 
-    def _server_to_client(self) -> None:
-        try:
-            while True:
-                kind, message = _read_message(self.server)
-                if self.armed is None:
-                    self.client.sendall(message)
-                elif kind == b"Z":
-                    # ReadyForQuery: the server has finished the statement (and committed it, in
-                    # autocommit). Nothing of the reply reached the client.
-                    self.proxy._fire(self.armed, self)
-                    return
-        except (EOFError, OSError):
-            pass
-        finally:
-            self.close()
+    def to_client(self, message: bytes) -> bool:
+        if self.armed is None:
+            return True
+        if message[:1] == b"Z":
+            # ReadyForQuery: the server has finished the statement (and committed it, in
+            # autocommit). Nothing of the reply reached the client.
+            self.proxy._fire(self.armed, self.link)
+        return False
 
 
-class PgProxy:
+class PgProxy(TcpProxy):
     """Listens on 127.0.0.1 (an ephemeral port) and forwards to ``upstream``: a unix socket path
     (``str``) or a ``(host, port)`` pair."""
 
-    def __init__(self, upstream: str | tuple[str, int]):
-        self.upstream = upstream
+    def __init__(self, upstream: Upstream):
         self.url = ""   # set by in_front_of: the URL it was made for, pointed at the proxy
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._pipes: set[_Pipe] = set()
         self._rules: list[Cut] = []
-        self._refusing = False
-        self._stopped = False
-        self.connections_accepted = 0
-        self.connections_refused = 0
-        threading.Thread(target=self._accept_loop, daemon=True, name="pgproxy-accept").start()
+        self._rules_lock = threading.Lock()
+        super().__init__(upstream, framing=lambda link: _Protocol(self, link))
 
     @classmethod
     def in_front_of(cls, url: str) -> "PgProxy":
@@ -202,41 +179,22 @@ class PgProxy:
                    on_cut: Callable[[], None] | None = None) -> Cut:
         return self._arm(Cut(_marker(statement), False, then_refuse, on_cut))
 
-    def refuse_connections(self) -> None:
-        with self._lock:
-            self._refusing = True
-
-    def accept_connections(self) -> None:
-        with self._lock:
-            self._refusing = False
-
-    def drop_all(self) -> None:
-        with self._lock:
-            pipes = list(self._pipes)
-        for pipe in pipes:
-            pipe.close()
-
-    def close(self) -> None:
-        self._stopped = True
-        self._listener.close()
-        self.drop_all()
-
     # --- internals ---------------------------------------------------------------------------------
 
     def _arm(self, cut: Cut) -> Cut:
-        with self._lock:
+        with self._rules_lock:
             self._rules.append(cut)
         return cut
 
-    def _match(self, kind: bytes, message: bytes) -> Cut | None:
-        with self._lock:
+    def _match(self, message: bytes) -> Cut | None:
+        with self._rules_lock:
             for cut in self._rules:
                 if cut.marker in message:
                     self._rules.remove(cut)
                     return cut
         return None
 
-    def _fire(self, cut: Cut, pipe: _Pipe) -> None:
+    def _fire(self, cut: Cut, link: Link) -> None:
         try:
             if cut.on_cut is not None:
                 cut.on_cut()
@@ -245,40 +203,5 @@ class PgProxy:
         if cut.then_refuse:
             self.refuse_connections()
             self.drop_all()
-        pipe.close()
+        link.close()
         cut.fired.set()
-
-    def _forget(self, pipe: _Pipe) -> None:
-        with self._lock:
-            self._pipes.discard(pipe)
-
-    def _connect_upstream(self) -> socket.socket:
-        if isinstance(self.upstream, str):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(self.upstream)
-            return sock
-        return socket.create_connection(self.upstream)
-
-    def _accept_loop(self) -> None:
-        while not self._stopped:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                refusing = self._refusing
-            if refusing:
-                self.connections_refused += 1
-                client.close()
-                continue
-            try:
-                server = self._connect_upstream()
-            except OSError:
-                client.close()
-                continue
-            self.connections_accepted += 1
-            pipe = _Pipe(self, client, server)
-            with self._lock:
-                self._pipes.add(pipe)
-            pipe.start()
-

@@ -15,9 +15,10 @@ import pytest
 
 from app.cli.main import build_parser
 from app.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.devtools.processes import clean_environ
 from app.store import directory
 from app.store.types import FailureCode, Status
-from tests.fixtures.processes import ExportsCli, clean_environ
+from tests.fixtures.processes import ExportsCli
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",
           "export_attempt_events", "cancellation_requests", "outbox")

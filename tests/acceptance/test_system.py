@@ -17,9 +17,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.devtools.demo import Gate
+from app.devtools.tcp_proxy import TcpProxy
+from app.devtools.waiting import wait_until
 from app.store.export import final_name
-from tests.fixtures.processes import System, wait_until
+from tests.fixtures.processes import System
 
 TENANT = "Initech"
 OPERATOR = "alice"
@@ -115,7 +116,7 @@ def test_an_export_canceled_while_queued_ends_canceled_and_no_file_is_ever_writt
 
 
 def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, admin, embedded_sftp):
-    gate = Gate(embedded_sftp.config.port)
+    gate = TcpProxy(embedded_sftp.config.port, held=True)
     try:
         system.start_all()
         _set_up(system, embedded_sftp, via_port=gate.port)
@@ -124,7 +125,7 @@ def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, 
         _wait_status(system, admin, job_id, "Delivering")
         answer = _cancel(system, job_id)
         assert (answer["outcome"], answer["found_status"]) == ("TooLate", "Delivering")
-        gate.open()
+        gate.release()
         _wait_status(system, admin, job_id, "Completed")
     finally:
         gate.close()
@@ -218,7 +219,7 @@ def test_a_worker_killed_mid_build_is_recovered_and_the_export_is_delivered_exac
 
 def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_delivers_once(
         system, admin, embedded_sftp):
-    gate = Gate(embedded_sftp.config.port)
+    gate = TcpProxy(embedded_sftp.config.port, held=True)
     try:
         system.start_all()
         _set_up(system, embedded_sftp, via_port=gate.port)
@@ -227,7 +228,7 @@ def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_
         _wait_status(system, admin, job_id, "Delivering")
         pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
         os.kill(pid, signal.SIGKILL)
-        gate.open()
+        gate.release()
         # Recovery cannot tell whether the dead attempt uploaded: an absent file is no proof of failure.
         _wait_status(system, admin, job_id, "OutcomeUnknown")
         assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]

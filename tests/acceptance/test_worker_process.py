@@ -5,10 +5,8 @@ when its wake-up is published twice (the copy is skipped by its message id)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -18,6 +16,8 @@ from app import relay
 from app.actors.broker import build_broker
 from app.actors.dedup import KEY_PREFIX
 from app.config import Settings
+from app.devtools.processes import stop_process
+from app.devtools.waiting import wait_until
 from app.store import export
 from app.store.relay import OutboxMessage
 from tests.fixtures.worker import insert_contacts, insert_destination
@@ -66,16 +66,6 @@ def _handled(log_path: Path) -> int:
     return text.count("export.processed") + text.count("dedup.skipped")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def test_a_worker_process_delivers_a_job_exactly_once_even_when_its_wake_up_arrives_twice(
         seed, conn, admin, db_url, embedded_sftp, broker, broker_url, state_dir, tmp_path):
     tenant_id = seed.tenant()
@@ -88,20 +78,23 @@ def test_a_worker_process_delivers_a_job_exactly_once_even_when_its_wake_up_arri
 
     log_path = tmp_path / "worker.log"
     worker = _start_worker(db_url, broker_url, state_dir, embedded_sftp.environ, log_path)
+
+    def log() -> str:
+        return log_path.read_text(errors="replace")[-3000:]
+
+    def settled() -> bool:
+        assert worker.poll() is None, log()
+        return seed.status(job).value not in ("Queued", "Running", "Delivering")
+
     try:
         broker.enqueue(message)
         broker.enqueue(message)   # the relay published the same outbox row twice
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while seed.status(job).value in ("Queued", "Running", "Delivering"):
-            assert worker.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
-            time.sleep(0.1)   # polling the row with a deadline
+        wait_until(settled, "the job to settle", DEADLINE_SECONDS, interval=0.1, diagnostics=log)
         # One thread, so the copy comes after the first returned: skipped by its message id.
-        while _handled(log_path) < 2:
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
-            time.sleep(0.1)
+        wait_until(lambda: _handled(log_path) >= 2, "both copies of the wake-up to be handled", DEADLINE_SECONDS,
+                   interval=0.1, diagnostics=log)
     finally:
-        _stop(worker)
+        stop_process(worker, timeout=30)
 
     row = seed.row(job)
     assert (row["status"], row["attempt_count"]) == ("Completed", 1), log_path.read_text(errors="replace")[-3000:]

@@ -7,40 +7,18 @@ Interleavings are forced with a held row lock on another connection and confirme
 from __future__ import annotations
 
 import dataclasses
-
-import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterator
+from concurrent.futures import Future
 
-import psycopg
 import pytest
 
 from app.store import connector, export
 from app.store.cancellation import request_cancellation
 from app.store.types import CancellationOutcome, CancellationReply, FailureCode, Role, Status
+from tests.support import wait_until_blocked
 
 #: Long enough that a waiting statement in these tests never times out unless a test means it to.
 PATIENT = "30s"
-
-
-@pytest.fixture
-def threads() -> Iterator[ThreadPoolExecutor]:
-    executor = ThreadPoolExecutor(max_workers=4)
-    yield executor
-    # A failed test may leave a thread waiting on a lock; closing the connections releases it.
-    executor.shutdown(wait=False, cancel_futures=True)
-
-
-def wait_until_blocked(admin: psycopg.Connection, pid: int, by: int | None = None, timeout: float = 10.0) -> list[int]:
-    """Polls until the backend ``pid`` waits on a lock (held by ``by``, if given)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        blockers = admin.execute("SELECT pg_blocking_pids(%s) AS pids", (pid,)).fetchone()["pids"]
-        if blockers and (by is None or by in blockers):
-            return blockers
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on a lock")
 
 
 def cancel(conn, job, request_id=None, requested_by="op-1", tenant_id=None, **kwargs):

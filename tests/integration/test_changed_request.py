@@ -3,15 +3,11 @@ fails its claim and builds nothing, and the edit's own wake-up brings the job ba
 
 from __future__ import annotations
 
-import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
-
-import pytest
 
 from app.store import connector, export
 from app.store.types import ClaimResult, EditResult, Role, Status
+from tests.support import wait_until_blocked
 
 
 def edit(conn, job, destination_id, expected_version=1, tenant_id=None):
@@ -147,23 +143,6 @@ def test_a_rejection_of_the_version_checked_before_an_edit_matches_nothing(conn,
 
 
 # --- an edit and a claim racing for the row -------------------------------------------------------
-
-
-@pytest.fixture
-def threads() -> Iterator[ThreadPoolExecutor]:
-    executor = ThreadPoolExecutor(max_workers=1)
-    yield executor
-    # A failed test may leave a thread waiting on a lock; closing the connections releases it.
-    executor.shutdown(wait=False, cancel_futures=True)
-
-
-def wait_until_blocked(admin, pid: int, by: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if by in admin.execute("SELECT pg_blocking_pids(%s) AS pids", (pid,)).fetchone()["pids"]:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on backend {by}")
 
 
 def test_a_claim_waiting_on_an_uncommitted_edit_is_refused_once_the_edit_commits(connect_as, admin, seed, threads):

@@ -9,7 +9,8 @@ import pytest
 from app.store import export
 from app.store.types import AuthorizationResult, FailureCode, Role, Status, WriteResult
 from tests.factories import Job
-from tests.factories_more import WORKER, Background, States, wait_until_blocked
+from tests.factories_more import WORKER, States
+from tests.support import Background, wait_until_blocked
 
 
 @pytest.fixture

@@ -7,14 +7,11 @@ with pg_blocking_pids that it waits before letting the first commit.
 
 from __future__ import annotations
 
-import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
-import psycopg
 import pytest
 
+from app.devtools.waiting import wait_until
 from app.store import export, recovery
 from app.store.cancellation import request_cancellation
 from app.store.types import (
@@ -27,26 +24,10 @@ from app.store.types import (
     Status,
     WriteResult,
 )
+from tests.support import wait_until_blocked
 
 MAX_ATTEMPTS = 3
 RUN = "recovery-run-1"
-
-
-@pytest.fixture
-def threads() -> Iterator[ThreadPoolExecutor]:
-    executor = ThreadPoolExecutor(max_workers=2)
-    yield executor
-    # A failed test may leave a thread waiting on a lock; closing the connections releases it.
-    executor.shutdown(wait=False, cancel_futures=True)
-
-
-def wait_until_blocked(admin: psycopg.Connection, pid: int, by: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if by in admin.execute("SELECT pg_blocking_pids(%s) AS pids", (pid,)).fetchone()["pids"]:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on backend {by}")
 
 
 def requeue(conn, job, max_attempts: int = MAX_ATTEMPTS) -> bool:
@@ -154,11 +135,8 @@ def test_an_authorization_holding_the_row_makes_a_requeue_wait_and_then_match_no
     # runs out while the authorization's transaction is still open.
     assert export.try_authorize_delivery(worker, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
                                        expected=seed.expected(job), replaces_job_id=None) == 1
-    deadline = time.monotonic() + 10
-    while not admin.execute("SELECT lease_expires_at < clock_timestamp() AS expired FROM export_jobs WHERE id = %s",
-                            (job.id,)).fetchone()["expired"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: admin.execute("SELECT lease_expires_at < clock_timestamp() AS expired FROM export_jobs"
+                                     " WHERE id = %s", (job.id,)).fetchone()["expired"], "the lease to run out")
     recoverer = connect_as(Role.APP)
     outbox_before = seed.outbox(job)
 

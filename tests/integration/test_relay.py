@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 import uuid
 from typing import Iterator
 
@@ -22,6 +21,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
 from app.config import Settings
+from app.devtools.waiting import wait_until
 from app import relay as relay_module
 from app.relay import EXPORT_ACTOR, EXPORT_QUEUE, Relay
 from app.store import relay as relay_store
@@ -339,14 +339,6 @@ def run_in_thread(relay: Relay) -> tuple[threading.Event, threading.Thread]:
     thread = threading.Thread(target=relay.run_forever, args=(stop,), name="relay-loop", daemon=True)
     thread.start()
     return stop, thread
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)   # polling a condition under a deadline
 
 
 def test_a_new_outbox_row_wakes_a_listening_relay_long_before_its_poll_interval(

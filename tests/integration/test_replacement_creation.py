@@ -12,7 +12,8 @@ from psycopg import errors as pg
 from app.store import export
 from app.store.types import FailureCode, ReplacementResult, Role, Status
 from tests.factories import Job
-from tests.factories_more import WORKER, Background, States, insert_job_directly, wait_until_blocked
+from tests.factories_more import WORKER, States, insert_job_directly
+from tests.support import Background, wait_until_blocked
 
 
 @pytest.fixture

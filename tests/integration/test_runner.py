@@ -15,8 +15,9 @@ from app.actors.policy import ExportPolicy
 from app.actors.runner import RunOutcome
 from app.store import export
 from app.store.types import CancellationOutcome, EditResult, Status, WriteResult
-from tests.factories_more import Background
-from tests.fixtures.worker import Gate, insert_destination, wait_for
+from app.devtools.waiting import wait_until
+from tests.fixtures.worker import Gate, insert_destination
+from tests.support import Background
 
 
 def _evidence(seed, job) -> list[dict]:
@@ -127,7 +128,7 @@ def test_a_stop_request_while_building_ends_stopped_through_the_notification_and
     assert gate.reached.wait(10)
     assert [name.endswith(".csv.part") for name in worker.local_files()] == [True]
     # The watcher has listened and checked the new attempt once, so only the notification is left.
-    wait_for(lambda: runner.watcher.polls >= 1, "the watcher's first check")
+    wait_until(lambda: runner.watcher.polls >= 1, "the watcher's first check")
 
     stop = worker.request_stop(job)
     result = run.result()

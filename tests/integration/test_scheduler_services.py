@@ -19,6 +19,7 @@ import pytest
 
 from app import logs
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
+from app.devtools.waiting import wait_until
 from app.config import Settings
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
 from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig
@@ -489,15 +490,10 @@ def test_two_schedulers_inspect_the_partner_for_one_expired_delivery_once(app_db
 def _wait_for_waiters(admin, holder_pid: int, n: int) -> None:
     """Until ``n`` backends wait on a lock, directly on the holder or behind another waiter (a batch that
     locked its first rows waits on the held one, and the other batch waits on it)."""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        blocked = admin.execute(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
-            " AND cardinality(pg_blocking_pids(pid)) > 0 AND pid <> %s", (holder_pid,)).fetchone()["n"]
-        if blocked >= n:
-            return
-        time.sleep(0.01)   # polling the server's lock graph under a deadline
-    raise AssertionError(f"{n} recoveries never waited on the held row")
+    wait_until(lambda: admin.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+        " AND cardinality(pg_blocking_pids(pid)) > 0 AND pid <> %s", (holder_pid,)).fetchone()["n"] >= n,
+        f"{n} recoveries to wait on the held row", DEADLINE, interval=0.01)
 
 
 # -- the real destination -------------------------------------------------------------------------------
@@ -663,10 +659,7 @@ def test_run_forever_takes_an_expired_attempt_over_and_stops_when_asked(db_url, 
                               daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + DEADLINE
-        while seed.status(job) is not Status.QUEUED:
-            assert time.monotonic() < deadline, "the scheduler never ran recovery"
-            time.sleep(0.05)   # polling the row under a deadline
+        wait_until(lambda: seed.status(job) is Status.QUEUED, "the scheduler to run recovery", DEADLINE)
     finally:
         stop.set()
         thread.join(DEADLINE)

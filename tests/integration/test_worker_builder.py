@@ -16,8 +16,9 @@ from psycopg.rows import dict_row
 from app.actors.builder import BuildFailed, BuildStopped, ContactsBuilder, file_name
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
-from tests.factories_more import Background
+from app.devtools.waiting import wait_until
 from tests.fixtures.worker import insert_contacts
+from tests.support import Background
 
 
 @pytest.fixture
@@ -98,15 +99,9 @@ def test_a_build_whose_stop_is_already_set_does_not_query_at_all(db_url, tenants
 
 
 def _builder_backend(admin) -> int:
-    """The builder's backend once the server shows it blocked (polled with a deadline)."""
-    import time
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        row = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'exports-builder' AND cardinality(pg_blocking_pids(pid)) > 0").fetchone()
-        if row:
-            return row["pid"]
-        time.sleep(0.01)
-    raise AssertionError("the builder's COPY was never seen waiting on the table lock")
+    """The builder's backend once the server shows it blocked."""
+    row = wait_until(lambda: admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'exports-builder' AND cardinality(pg_blocking_pids(pid)) > 0").fetchone(),
+        "the builder's COPY to wait on the table lock", interval=0.01)
+    return row["pid"]

@@ -10,8 +10,9 @@ from app.actors.runner import RunOutcome
 from app.actors.stop import StopReason
 from app.store import export, recovery
 from app.store.types import RenewResult, Status, WriteResult
-from tests.factories_more import Background
-from tests.fixtures.worker import Gate, wait_for
+from app.devtools.waiting import wait_until
+from tests.fixtures.worker import Gate
+from tests.support import Background
 
 RUN = "recovery-test"
 
@@ -37,10 +38,10 @@ def test_a_build_that_outlasts_the_initial_lease_keeps_renewing_and_delivers_exa
     initial = worker.seed.row(job)["lease_expires_at"]
 
     keeper = runner.leases.keeper
-    wait_for(lambda: keeper.renewals >= 2, "two renewals")
+    wait_until(lambda: keeper.renewals >= 2, "two renewals")
     # Past the lease the claim gave it, the attempt still holds a current one: recovery finds nothing.
-    wait_for(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past", (initial,)).fetchone()["past"],
-             "the initial lease to run out", timeout=5)
+    wait_until(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past", (initial,)).fetchone()["past"],
+               "the initial lease to run out", timeout=5)
     assert worker.seed.row(job)["lease_expires_at"] > initial
     assert job.id not in [a.job_id for a in recovery.scan_expired(worker.conn)]
     gate.open()
@@ -67,10 +68,10 @@ def test_an_upload_that_outlasts_the_initial_lease_keeps_it_renewed_and_complete
 
     keeper = runner.leases.keeper
     renewed = keeper.renewals
-    wait_for(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past",
-                                          (lease_at_upload,)).fetchone()["past"],
-             "the lease held when the upload began to run out", timeout=5)
-    wait_for(lambda: keeper.renewals > renewed, "a renewal during the upload")
+    wait_until(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past",
+                                            (lease_at_upload,)).fetchone()["past"],
+               "the lease held when the upload began to run out", timeout=5)
+    wait_until(lambda: keeper.renewals > renewed, "a renewal during the upload")
     assert worker.seed.row(job)["lease_expires_at"] > lease_at_upload
     assert job.id not in [a.job_id for a in recovery.scan_expired(worker.conn)]
     faults.resume.set()
@@ -188,7 +189,7 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
                                            recovery_run_id=RUN)
         # The keeper reports the loss before the upload starts: a lost lease never stops an upload.
         keeper = runners[0].leases.keeper
-        wait_for(lambda: keeper.lost, "the keeper to report the lost lease")
+        wait_until(lambda: keeper.lost, "the keeper to report the lost lease")
         assert keeper.history[-1].result is RenewResult.LOST
         return Destination(config, environ=worker.peer.environ)
 
@@ -225,7 +226,7 @@ def test_a_worker_shutting_down_mid_build_stops_it_writes_nothing_and_leaves_the
     keeper = runner.leases.keeper
     count = len(keeper.history)
     assert keeper._finished.is_set() and not keeper.lost   # no renewal keeps the abandoned lease alive
-    wait_for(lambda: runner.leases.leases.scheduler.get_jobs() == [], "the renewal schedule to be gone")
+    wait_until(lambda: runner.leases.leases.scheduler.get_jobs() == [], "the renewal schedule to be gone")
     assert len(keeper.history) == count
 
 

@@ -12,8 +12,9 @@ from app.actors.runner import RunOutcome
 from app.actors.stop import StopSignal
 from app.store import export, recovery
 from app.store.types import FailureCode, RenewResult, Status, WriteResult
-from tests.factories_more import Background
-from tests.fixtures.worker import Gate, lease_backends_blocked, wait_for
+from app.devtools.waiting import wait_until
+from tests.fixtures.worker import Gate, lease_backends_blocked
+from tests.support import Background
 
 
 @pytest.fixture
@@ -44,17 +45,17 @@ def test_a_renewal_that_throws_is_retried_at_the_next_interval_and_does_not_stop
     run = Background(lambda: runner.run(job.id))
     assert gate.reached.wait(10)
     keeper = runner.leases.keeper
-    wait_for(lambda: keeper.renewals >= 1, "a first renewal")
+    wait_until(lambda: keeper.renewals >= 1, "a first renewal")
 
     # Kill the keeper's session: its next renewal raises on a dead connection.
     killed = worker.admin.execute(
         "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
         " WHERE datname = current_database() AND application_name = 'exports-lease'").fetchone()["n"]
     assert killed == 1
-    wait_for(lambda: keeper.failures >= 1, "a failed renewal")
+    wait_until(lambda: keeper.failures >= 1, "a failed renewal")
     failed_at = max(i for i, r in enumerate(keeper.history) if r.result is RenewResult.FAILED)
-    wait_for(lambda: any(r.result is RenewResult.RENEWED for r in keeper.history[failed_at + 1:]),
-             "a renewal after the failure, on a new connection")
+    wait_until(lambda: any(r.result is RenewResult.RENEWED for r in keeper.history[failed_at + 1:]),
+               "a renewal after the failure, on a new connection")
     assert not keeper._stop.is_set()
     gate.open()
     result = run.result()
@@ -69,11 +70,11 @@ def test_an_on_demand_renewal_overlapping_a_scheduled_one_waits_for_it_instead_o
     job = seed.running()
     untouched = seed.running()
     keeper, stop = _keeper(db_url, scheduler, job, renew_seconds=0.2)
-    wait_for(lambda: keeper.renewals >= 1, "a first scheduled renewal")
+    wait_until(lambda: keeper.renewals >= 1, "a first scheduled renewal")
     before = seed.row(untouched)["lease_expires_at"]
 
     locker.execute("SELECT 1 FROM export_jobs WHERE id = %s FOR UPDATE", (job.id,))
-    wait_for(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the row lock")
+    wait_until(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the row lock")
     scheduled_in_flight = len(keeper.history)
     on_demand = Background(keeper.renew_now)
     assert keeper.on_demand_waiting.wait(10)
@@ -96,14 +97,14 @@ def test_a_renewal_in_flight_at_finish_that_finds_no_row_is_not_reported_as_lost
         seed, admin, db_url, scheduler, locker):
     job = seed.running()
     keeper, stop = _keeper(db_url, scheduler, job, renew_seconds=0.2)
-    wait_for(lambda: keeper.renewals >= 1, "a first scheduled renewal")
+    wait_until(lambda: keeper.renewals >= 1, "a first scheduled renewal")
 
     # The attempt's terminal write holds the row while a scheduled renewal waits behind it.
     assert export.try_finish_failed(locker, job_id=job.id, attempt_id=job.attempt_id, worker_id="worker-test",
                                   failure_reason=FailureCode.BUILD_FAILED) == 1
-    wait_for(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the terminal write")
+    wait_until(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the terminal write")
     finishing = Background(keeper.finish)
-    wait_for(lambda: keeper._finished.is_set(), "finish() to start waiting for the renewal")
+    wait_until(lambda: keeper._finished.is_set(), "finish() to start waiting for the renewal")
     assert not finishing.done
     locker.commit()
     finishing.result()
@@ -112,7 +113,7 @@ def test_a_renewal_in_flight_at_finish_that_finds_no_row_is_not_reported_as_lost
     assert not keeper.lost and not stop.is_set()           # ...and reported nothing
     assert seed.status(job) is Status.FAILED
     count = len(keeper.history)
-    wait_for(lambda: scheduler.get_jobs() == [], "the schedule to be gone")
+    wait_until(lambda: scheduler.get_jobs() == [], "the schedule to be gone")
     assert len(keeper.history) == count
 
 

@@ -14,8 +14,9 @@ from app.actors.runner import RunOutcome
 from app.store import export
 from app.store.types import Role, Status, WriteResult
 from tests.factories import Job
-from tests.factories_more import Background, States
+from tests.factories_more import States
 from tests.fixtures.worker import Gate, insert_destination
+from tests.support import Background
 
 
 @pytest.fixture

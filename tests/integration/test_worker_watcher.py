@@ -11,7 +11,7 @@ import pytest
 from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
 from app.store import cancellation
-from tests.fixtures.worker import wait_for
+from app.devtools.waiting import wait_until
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_polling_finds_a_stop_request_whose_notification_was_missed(seed, admin,
     stop, other_stop = StopSignal(), StopSignal()
     watcher.watch(job.id, job.attempt_id, stop)
     watcher.watch(other.id, other.attempt_id, other_stop)
-    wait_for(lambda: watcher.polls >= 1, "the first check")
+    wait_until(lambda: watcher.polls >= 1, "the first check")
 
     # Recorded with triggers off for this transaction: no notification is ever sent.
     with admin.transaction():
@@ -60,7 +60,7 @@ def test_a_confirmed_stop_is_counted_before_the_signal_wakes_anyone(seed, conn, 
     in_callback, release = threading.Event(), threading.Event()
     stop.on_set(lambda _reason: (in_callback.set(), release.wait(10)))   # held like a slow cancel
     watcher.watch(job.id, job.attempt_id, stop)
-    wait_for(lambda: watcher.polls >= 1, "the first check")
+    wait_until(lambda: watcher.polls >= 1, "the first check")
     try:
         _stop(conn, job)
         assert stop.wait(10) and in_callback.wait(10)
@@ -77,7 +77,7 @@ def test_a_notification_the_row_does_not_confirm_sets_no_stop(seed, conn, watche
     watcher.watch(unstopped.id, unstopped.attempt_id, signals[unstopped.id])
     watcher.watch(stale.id, uuid.uuid4(), signals[stale.id])   # an attempt that no longer owns the job
     watcher.watch(stopped.id, stopped.attempt_id, signals[stopped.id])
-    wait_for(lambda: watcher.polls >= 1, "the first check")
+    wait_until(lambda: watcher.polls >= 1, "the first check")
 
     conn.execute("SELECT pg_notify('exports_stop', %s)", (str(unstopped.id),))   # a hint with no request behind it
     _stop(conn, stale)

@@ -489,8 +489,8 @@ def test_a_hung_server_times_out_within_bounds_and_the_outcome_is_unknown(
     else:
         proxy, route = fault_proxy(peer.with_config(**quick))
         record = Recorder(route)
-        record.hooks[EvidenceStage.BASELINE] = proxy.freeze
-        hanging = proxy.frozen
+        record.hooks[EvidenceStage.BASELINE] = proxy.hold
+        hanging = proxy.held
 
     started = time.monotonic()
     outcome = route.destination().deliver(local, expected, attempt_id="att-1", record_evidence=record)
