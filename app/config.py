@@ -10,6 +10,8 @@ from typing import Mapping
 
 from app.errors import ExportsError
 
+#: What EXPORTS_BROKER_URL may name: Redis over TCP, TLS or a Unix socket, or RabbitMQ.
+BROKER_SCHEMES = ("redis://", "rediss://", "unix://", "amqp://", "amqps://")
 #: The formats EXPORTS_LOG_FORMAT accepts (app/logs.py renders them).
 LOG_FORMATS = ("text", "json")
 
@@ -96,8 +98,9 @@ class Settings:
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "
                               "or a healthy attempt would lose its lease between renewals")
-        if settings.broker_url and not settings.broker_url.startswith(("redis://", "rediss://", "amqp://", "amqps://")):
-            raise ConfigError("EXPORTS_BROKER_URL must start with redis:// or amqp://")
+        if settings.broker_url and not settings.broker_url.startswith(BROKER_SCHEMES):
+            raise ConfigError("EXPORTS_BROKER_URL must start with redis://, rediss://, unix:// (a Redis socket), "
+                              "amqp:// or amqps://")
         if settings.log_format not in LOG_FORMATS:
             raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {settings.log_format!r}")
         for name in ("relay_metrics", "scheduler_metrics", "worker_metrics"):
@@ -130,6 +133,16 @@ def resolve_database_url(settings: Settings) -> str:
     from app import embedded   # pgserver is imported only when there is no configured database
 
     return embedded.database_url(settings)
+
+
+def resolve_owner_url(settings: Settings) -> str:
+    """The login that owns the schema, for ``exports db migrate``, ``db logins`` and ``outbox archive``:
+    the configured URL (whose login must then own the schema), else the embedded cluster's owner."""
+    if settings.database_url:
+        return settings.database_url
+    from app import embedded
+
+    return embedded.owner_url(settings)
 
 
 def resolve_reconciler_url(settings: Settings) -> str:

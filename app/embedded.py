@@ -10,7 +10,6 @@ EXPORTS_BROKER_URL is unset) and stopped by the last one to close it.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -18,10 +17,11 @@ import time
 import warnings
 from pathlib import Path
 
-from app.config import Settings
-from app.store.migrate import create_database, migrate
+from psycopg.conninfo import make_conninfo
 
-log = logging.getLogger(__name__)
+from app.config import Settings
+from app.store import logins
+from app.store.migrate import create_database, migrate
 
 #: The embedded cluster's data directory, under the state directory.
 PG_DIR = "pg"
@@ -45,13 +45,26 @@ def _server(settings: Settings):
     return pgserver.get_server(settings.state_dir / PG_DIR, cleanup_mode=None)
 
 
-def database_url(settings: Settings, database: str = DATABASE) -> str:
-    """The embedded database's owner URL, the server started and the schema applied if need be."""
+def owner_url(settings: Settings, database: str = DATABASE) -> str:
+    """The embedded database's owner URL, the server started, the schema applied and the two logins
+    made if need be."""
     server = _server(settings)
     create_database(server.get_uri(), database)
     url = server.get_uri(database)
     migrate(url)
+    logins.apply(url)
     return url
+
+
+def database_url(settings: Settings, database: str = DATABASE) -> str:
+    """The application's login to the embedded database: like a production install, it is a member of
+    exports_app and exports_dispatcher and cannot correct outcomes."""
+    return make_conninfo(owner_url(settings, database), user=logins.APP_LOGIN)
+
+
+def reconciler_url(settings: Settings, database: str = DATABASE) -> str:
+    """The reconciler's login to the embedded database, for ``exports correct``."""
+    return make_conninfo(owner_url(settings, database), user=logins.RECONCILER_LOGIN)
 
 
 def database_running(settings: Settings) -> bool:

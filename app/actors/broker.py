@@ -61,7 +61,7 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
         redis_broker = RedisBroker(client=redis.Redis(connection_pool=pool))
         redis_broker.add_middleware(Deduplicate(RedisSeen(redis_broker.client)))
         broker: dramatiq.Broker = redis_broker
-    elif url.startswith(("redis://", "rediss://")):
+    elif url.startswith(("redis://", "rediss://", "unix://")):
         broker = RedisBroker(url=url)
         broker.add_middleware(Deduplicate(RedisSeen(broker.client)))
     elif url.startswith(("amqp://", "amqps://")):

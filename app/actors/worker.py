@@ -21,6 +21,7 @@ from app.actors.process import ProcessServices
 from app.config import Settings
 
 _settings = Settings.from_env()
+_settings.require_broker()   # a worker given a shared database must be given the shared broker
 _logs.configure(_settings.log_format, level=logging.DEBUG if _settings.debug else logging.INFO)
 
 if _dramatiq_broker.global_broker is None:

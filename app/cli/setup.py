@@ -21,6 +21,7 @@ from app.cli.common import (
     text,
 )
 from app.cli.output import emit
+from app.config import resolve_owner_url
 from app.delivery.credentials import parse_credential_ref
 from app.delivery.errors import CredentialError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
@@ -106,7 +107,7 @@ _port.__name__ = "port"
 
 
 def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
-    applied = migrate(ctx.database_url())
+    applied = migrate(resolve_owner_url(ctx.settings))
     emit(ctx, "schema applied" if applied else "schema already up to date", {"applied": applied})
     return EXIT_OK
 
@@ -114,7 +115,7 @@ def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
 def db_logins(ctx: Context, args: argparse.Namespace) -> int:
     names = logins.Logins(app=args.app_login, reconciler=args.reconciler_login)
     if args.apply:
-        logins.apply(ctx.database_url(), names)
+        logins.apply(resolve_owner_url(ctx.settings), names)
         emit(ctx, f"logins {names.app!r} and {names.reconciler!r} ready", {"applied": True, "app": names.app,
                                                                             "reconciler": names.reconciler})
         return EXIT_OK

@@ -1,6 +1,6 @@
-"""A real worker process: `dramatiq app.actors.worker` on real Redis (EXPORTS_TEST_BROKER_URL, or the
-embedded Redis the worker starts itself) delivers a job created through the store exactly once, even
-when its wake-up is published twice (the copy is skipped by its message id)."""
+"""A real worker process: `dramatiq app.actors.worker` on real Redis (EXPORTS_TEST_BROKER_URL, or an
+embedded Redis named by its socket) delivers a job created through the store exactly once, even when its
+wake-up is published twice (the copy is skipped by its message id)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from app import relay
+from app import embedded, relay
 from app.actors.broker import build_broker
 from app.actors.dedup import KEY_PREFIX
 from app.config import Settings
@@ -28,33 +28,39 @@ DEADLINE_SECONDS = 60.0
 
 
 @pytest.fixture
-def broker_url() -> str | None:
-    return os.environ.get("EXPORTS_TEST_BROKER_URL") or None
-
-
-@pytest.fixture
 def state_dir(tmp_path) -> Path:
     return tmp_path / "state"
 
 
 @pytest.fixture
-def broker(broker_url, state_dir) -> Iterator:
-    # With no URL this joins (or starts) the same embedded Redis the worker uses: one per state dir.
-    broker = build_broker(Settings(broker_url=broker_url, state_dir=state_dir))
+def broker_url(state_dir) -> Iterator[str]:
+    """EXPORTS_TEST_BROKER_URL, or an embedded Redis of the test's own, named by its socket: a worker
+    given a database must be given its broker."""
+    configured = os.environ.get("EXPORTS_TEST_BROKER_URL")
+    if configured:
+        yield configured
+        return
+    server = embedded.start_redis(Settings(state_dir=state_dir))
+    try:
+        yield f"unix://{server.socket_file}"
+    finally:
+        embedded.stop_redis(server)
+
+
+@pytest.fixture
+def broker(broker_url) -> Iterator:
+    broker = build_broker(Settings(broker_url=broker_url))
     yield broker
-    if broker_url is None:
-        broker.client.shutdown(nosave=True)   # the embedded server outlives neither side
     broker.close()
 
 
-def _start_worker(db_url: str, broker_url: str | None, state_dir: Path, environ: dict[str, str],
+def _start_worker(db_url: str, broker_url: str, state_dir: Path, environ: dict[str, str],
                   log_path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXPORTS_")}
     env.update(environ)
     env.update(EXPORTS_DATABASE_URL=db_url, EXPORTS_STATE_DIR=str(state_dir), EXPORTS_LEASE_SECONDS="10",
                EXPORTS_RENEW_SECONDS="2", EXPORTS_STOP_POLL_SECONDS="1")
-    if broker_url:
-        env["EXPORTS_BROKER_URL"] = broker_url
+    env["EXPORTS_BROKER_URL"] = broker_url
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "dramatiq", "app.actors.worker", "--processes", "1", "--threads", "1"],

@@ -71,6 +71,7 @@ class Demo:
     state_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     url: str = ""
+    owner_url: str = ""
     processes: ProcessGroup | None = None
     partner: Partner | None = None
     #: The link to the partner that the 'partner-slow-link' destination goes through.
@@ -127,7 +128,7 @@ class Demo:
     def builds_held(self) -> Iterator[None]:
         """The contacts table locked for the block, so a build waits on its first read where a slow
         query would."""
-        with store.contacts_locked(self.url):
+        with store.contacts_locked(self.owner_url):
             yield
 
     # -- observing ----------------------------------------------------------------------------------
@@ -209,8 +210,9 @@ class Demo:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started_database = not embedded.database_running(settings)
         database = "demo_" + datetime.now().strftime("%Y%m%d_%H%M%S")
-        self.url = embedded.database_url(settings, database)
-        self.owner = store.connect_owner(self.url)
+        self.owner_url = embedded.owner_url(settings, database)
+        self.url = embedded.database_url(settings, database)   # the application's login, as in production
+        self.owner = store.connect_owner(self.owner_url)
         # None can still be running: run() checked that no kept demo is.
         store.drop_earlier_demos(self.owner, current=database)
         say(f"  PostgreSQL 16 (pgserver, Unix socket under {settings.state_dir / embedded.PG_DIR}), database {database}")
@@ -224,7 +226,11 @@ class Demo:
             (self.partner.root / directory).mkdir(exist_ok=True)
         say(f"  partner SFTP server on 127.0.0.1:{self.partner.port}, files under {self.partner.root}")
         self.link = TcpProxy(self.partner.port)
-        self.env = clean_environ(EXPORTS_DATABASE_URL=self.url, EXPORTS_STATE_DIR=str(settings.state_dir),
+        self.env = clean_environ(EXPORTS_DATABASE_URL=self.url,
+                                 EXPORTS_RECONCILER_DATABASE_URL=embedded.reconciler_url(settings, database),
+                                 EXPORTS_BROKER_URL=f"unix://{self.redis.socket_file}",
+                                 EXPORTS_RELAY_METRICS="off", EXPORTS_SCHEDULER_METRICS="off",
+                                 EXPORTS_WORKER_METRICS="off", EXPORTS_STATE_DIR=str(settings.state_dir),
                                  EXPORTS_WORK_DIR=str(self.state_dir / "demo" / "work"), **DEMO_SETTINGS)
 
     def _add_tenant(self) -> None:
@@ -287,8 +293,9 @@ class Demo:
     def keep(self) -> None:
         heading("Still running (--keep)")
         say("  Use the operator scripts against it from another shell:")
-        say(f"    export EXPORTS_DATABASE_URL={shlex.quote(self.url)}")
-        say(f"    export EXPORTS_STATE_DIR={shlex.quote(str(self.ctx.settings.state_dir))}")
+        for name in ("EXPORTS_DATABASE_URL", "EXPORTS_RECONCILER_DATABASE_URL", "EXPORTS_BROKER_URL",
+                     "EXPORTS_STATE_DIR"):
+            say(f"    export {name}={shlex.quote(self.env[name])}")
         say("    exports watch")
         say(f"    exports create --tenant {shlex.quote(TENANT)} --destination partner --by {OPERATOR}")
         say(f"    exports list --tenant {shlex.quote(TENANT)}")
