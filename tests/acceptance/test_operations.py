@@ -1,0 +1,87 @@
+"""Running it for real: each process serves /metrics with values that moved, records a heartbeat that
+`exports processes` shows, and `exports health` passes with them running; every process logs JSON lines
+carrying the job's id when asked, and no line carries the partner's secret."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from app.devtools.waiting import wait_until
+from tests.acceptance.test_system import DEADLINE, _create, _set_up, _wait_status
+from tests.fixtures.sftp import free_port
+
+
+def _scrape(port: int) -> dict[str, float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def _sample(samples: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{"))
+
+
+@pytest.fixture
+def ports(system) -> dict[str, int]:
+    chosen = {"relay": free_port(), "scheduler": free_port(), "worker": free_port()}
+    for role, port in chosen.items():
+        system.group.env[f"EXPORTS_{role.upper()}_METRICS"] = f"127.0.0.1:{port}"
+    system.group.env["EXPORTS_HEARTBEAT_SECONDS"] = "0.5"
+    system.group.env["EXPORTS_LOG_FORMAT"] = "json"
+    return chosen
+
+
+def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the_job(
+        system, embedded_sftp, admin, ports):
+    _set_up(system, embedded_sftp)
+    system.start_relay()
+    system.start_worker()
+    system.start_scheduler()
+    job_id = _create(system)
+    _wait_status(system, admin, job_id, "Completed")
+
+    relay, worker = _scrape(ports["relay"]), _scrape(ports["worker"])
+    assert _sample(relay, "exports_relay_published_total") >= 1
+    assert worker['exports_claims_total{result="won"}'] >= 1
+    assert worker['exports_deliveries_total{outcome="Completed"}'] >= 1
+    assert _sample(worker, "dramatiq_messages_total") >= 1
+    scheduler = {}
+
+    def scheduler_counts_the_completed_job() -> bool:
+        scheduler.update(_scrape(ports["scheduler"]))
+        return scheduler.get('exports_jobs{status="Completed"}') == 1
+
+    wait_until(scheduler_counts_the_completed_job, "the scheduler's gauges to count the completed export", DEADLINE)
+    assert scheduler["exports_database_up"] == 1 and scheduler["exports_outbox_unpublished"] == 0
+    assert {role: scheduler[f'exports_live_processes{{role="{role}"}}'] for role in ("relay", "scheduler", "worker")} \
+        == {"relay": 1, "scheduler": 1, "worker": 1}
+
+    listed = system.cli("processes", "--json").json
+    assert sorted(p["role"] for p in listed if p["state"] == "alive") == ["relay", "scheduler", "worker"]
+    health = system.cli("health", "--require", "relay,worker,scheduler", "--json").json
+    assert health["healthy"] is True, health
+
+    lines = [json.loads(line) for line in system.group.logs().splitlines() if line.startswith("{")]
+    about_the_job = {line["event"] for line in lines if line.get("job_id") == job_id}
+    assert {"runner.claimed", "runner.delivered", "export.processed"} <= about_the_job
+    for secret in embedded_sftp.secrets:
+        assert secret not in system.group.logs()
+
+
+def test_health_fails_naming_the_missing_role_when_no_worker_runs(system, embedded_sftp, ports):
+    _set_up(system, embedded_sftp)
+    system.start_relay()
+    wait_until(lambda: any(p["role"] == "relay" and p["state"] == "alive"
+                           for p in system.cli("processes", "--json").json), "the relay's first heartbeat", DEADLINE)
+
+    result = system.cli("health", "--require", "relay,worker", "--json", expect=1)
+
+    checks = {c["name"]: c for c in result.json["checks"]}
+    assert checks["relay processes"]["ok"] and not checks["worker processes"]["ok"]
