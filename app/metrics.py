@@ -37,17 +37,34 @@ def parse_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def serve(address: str) -> int | None:
-    """Serves this process's registry on ``address``; returns the port (useful with port 0)."""
+def serve(address: str, *, extra: Any = None) -> int | None:
+    """Serves this process's metrics, and ``extra``'s (a collector read on each scrape), on ``address``;
+    returns the port (useful with port 0)."""
     parsed = parse_address(address)
     if parsed is None:
         return None
     import prometheus_client
 
-    server, _thread = prometheus_client.start_http_server(parsed[1], addr=parsed[0])
+    registry = prometheus_client.CollectorRegistry(auto_describe=True)
+    registry.register(_Default(prometheus_client.REGISTRY, extra))
+    server, _thread = prometheus_client.start_http_server(parsed[1], addr=parsed[0], registry=registry)
     port = server.server_address[1]
     log.info("metrics.serving", address=parsed[0], port=port)
     return port
+
+
+class _Default:
+    """The process's default registry and an extra collector, served together: the extra one lives only
+    as long as the server, so a second run in one process never registers it twice."""
+
+    def __init__(self, default: Any, extra: Any) -> None:
+        self.default = default
+        self.extra = extra
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.default.collect()
+        if self.extra is not None:
+            yield from self.extra.collect()
 
 
 class _Worker:

@@ -79,11 +79,9 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
 
 
 def _serve_metrics(settings: Settings, db: Database) -> None:
-    from prometheus_client import REGISTRY
-
-    REGISTRY.register(metrics.DatabaseGauges(db, silent_seconds=SILENT_INTERVALS * settings.heartbeat_seconds))
+    gauges = metrics.DatabaseGauges(db, silent_seconds=SILENT_INTERVALS * settings.heartbeat_seconds)
     try:
-        metrics.serve(settings.scheduler_metrics)
+        metrics.serve(settings.scheduler_metrics, extra=gauges)
     except OSError as exc:
         # Metrics are not worth stopping recovery for: say so, and run without them.
         log.error("metrics.unavailable", address=settings.scheduler_metrics, error=type(exc).__name__)
