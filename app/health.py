@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from app.config import Settings
-from app.heartbeat import DEFAULT_INTERVAL_SECONDS, SILENT_INTERVALS
+from app.heartbeat import SILENT_INTERVALS
 from app.store import heartbeat, metrics, migrate
 from app.store.database import connect
 from app.store.types import Role
@@ -66,7 +66,7 @@ def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Ch
     checks.append(Check("queue", backlog.oldest_queued_seconds <= queued_limit,
                         f"the longest wait in Queued since a wake-up is {backlog.oldest_queued_seconds:.0f} s "
                         f"(limit {queued_limit:.0f} s, twice the sweeper's threshold)"))
-    silent_limit = SILENT_INTERVALS * DEFAULT_INTERVAL_SECONDS
+    silent_limit = SILENT_INTERVALS * settings.heartbeat_seconds
     live = {role: [p for p in processes if p.identity.role == role and p.stopped_at is None
                    and p.silent_seconds <= silent_limit] for role in ROLES}
     for role in require:
@@ -80,7 +80,7 @@ def _broker(settings: Settings) -> Check:
     if url is None:
         return Check("broker", True, "the embedded Redis (started on first use)")
     try:
-        if url.startswith(("redis://", "rediss://")):
+        if url.startswith(("redis://", "rediss://", "unix://")):
             import redis
 
             redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
