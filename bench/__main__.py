@@ -1,6 +1,6 @@
 """`make bench` / `make bench-full`: every workload against its ceiling, in one run.
 
-    python -m bench [--full] [--only 1,3,7] [--repeats N] [--no-docs]
+    python -m bench [--full] [--only 1,3,7] [--repeats N] [--no-docs] [--profile DIR]
 
 Writes bench/results/<date>.json and regenerates docs/benchmarks.md (with charts under
 docs/benchmarks/). Uses EXPORTS_BENCH_DATABASE_URL (default: PostgreSQL at 127.0.0.1:5432; scratch
@@ -35,6 +35,8 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated workload keys, e.g. 1,3,7 (default: all)")
     parser.add_argument("--repeats", type=int, help="rounds per workload (default 3)")
     parser.add_argument("--no-docs", action="store_true", help="write the results file only")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="run each workload under pyinstrument and write its profile to DIR")
     args = parser.parse_args()
 
     sizes = harness.FULL if args.full else harness.QUICK
@@ -59,7 +61,7 @@ def main() -> int:
         ctx = harness.Context(sizes=sizes, base_url=_scratch.base_url(),
                               broker_url=os.environ.get("EXPORTS_BENCH_BROKER_URL") or DEFAULT_BROKER_URL,
                               work_dir=Path(tmp))
-        reports = harness.run_all(ctx, chosen)
+        reports = harness.run_all(ctx, chosen, profile_dir=args.profile)
     results = {
         "file": f"{stamp:%Y-%m-%d}.json",
         "mode": sizes.name,

@@ -146,7 +146,6 @@ class Sizes:
     relay_decay_seconds: float
     lease_attempts: int
     lease_renew_seconds: float
-    lease_window_seconds: float
     scale_jobs: tuple[int, int]
     scale_due: int
     cancel_ops: int
@@ -159,15 +158,15 @@ class Sizes:
     stage_notify_creations: int
 
 
-QUICK = Sizes(name="quick", repeats=3, e2e_seconds=24, e2e_contacts=100, wakeup_idle_samples=12,
-              relay_rows=10_000, relay_decay_seconds=0, lease_attempts=1000, lease_renew_seconds=5,
-              lease_window_seconds=10, scale_jobs=(10_000, 100_000), scale_due=1_000, cancel_ops=600,
-              contended_ops=2_000, claims_per_run=600, peer_jobs=300, stage_contacts=2_000,
+QUICK = Sizes(name="quick", repeats=3, e2e_seconds=20, e2e_contacts=100, wakeup_idle_samples=10,
+              relay_rows=10_000, relay_decay_seconds=0, lease_attempts=1000, lease_renew_seconds=4,
+              scale_jobs=(10_000, 100_000), scale_due=500, cancel_ops=600,
+              contended_ops=2_000, claims_per_run=1_000, peer_jobs=300, stage_contacts=2_000,
               stage_upload_mib=8, stage_stop_runs=8, stage_notify_creations=200)
 
 FULL = Sizes(name="full", repeats=3, e2e_seconds=180, e2e_contacts=100, wakeup_idle_samples=40,
              relay_rows=100_000, relay_decay_seconds=180, lease_attempts=1000, lease_renew_seconds=20,
-             lease_window_seconds=60, scale_jobs=(100_000, 1_000_000), scale_due=10_000, cancel_ops=3_000,
+             scale_jobs=(100_000, 1_000_000), scale_due=10_000, cancel_ops=3_000,
              contended_ops=10_000, claims_per_run=4_000, peer_jobs=2_000, stage_contacts=20_000,
              stage_upload_mib=64, stage_stop_runs=50, stage_notify_creations=1_000)
 
@@ -257,15 +256,19 @@ class WorkloadReport:
                 "details": self.outcome.details, "series": self.outcome.series}
 
 
-def run_all(ctx: Context, workloads: list[Workload]) -> list[WorkloadReport]:
-    """Runs each workload; one that fails is reported with its error and the run goes on."""
+def run_all(ctx: Context, workloads: list[Workload], *, profile_dir: Path | None = None) -> list[WorkloadReport]:
+    """Runs each workload; one that fails is reported with its error and the run goes on. With
+    ``profile_dir``, each runs under pyinstrument and its profile is written there as text."""
     reports = []
     for workload in workloads:
         log(f"== {workload.key} {workload.title}")
         started = time.perf_counter()
         error = None
         try:
-            outcome = workload.run(ctx)
+            if profile_dir is None:
+                outcome = workload.run(ctx)
+            else:
+                outcome = _profiled(workload, ctx, profile_dir)
         except Exception as exc:   # a broken workload must not cost the others' figures
             error = f"{type(exc).__name__}: {exc}"
             log(f"   failed: {error}\n{traceback.format_exc()}")
@@ -276,6 +279,21 @@ def run_all(ctx: Context, workloads: list[Workload]) -> list[WorkloadReport]:
         log(f"   {workload.key} done in {elapsed:.0f} s")
         reports.append(WorkloadReport(workload.key, workload.title, workload.what, elapsed, outcome, error))
     return reports
+
+
+def _profiled(workload: Workload, ctx: Context, profile_dir: Path) -> Outcome:
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.001)
+    profiler.start()
+    try:
+        return workload.run(ctx)
+    finally:
+        profiler.stop()
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        path = profile_dir / f"workload-{workload.key}.txt"
+        path.write_text(profiler.output_text(unicode=False, color=False, show_all=False), encoding="utf-8")
+        log(f"   profile: {path}")
 
 
 def machine() -> dict[str, Any]:

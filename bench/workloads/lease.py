@@ -123,7 +123,7 @@ def run(ctx: Context) -> Outcome:
     hot_before = hot_counts(url)
 
     def ceiling() -> float:
-        result = pgbench.run(url, [script], clients=SCHEDULER_THREADS, seconds=5)
+        result = pgbench.run(url, [script], clients=SCHEDULER_THREADS, seconds=max(3.0, renew))
         log(f"   pgbench renewals {result.tps:.0f}/s")
         return result.tps
 
