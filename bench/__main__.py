@@ -4,8 +4,10 @@
 
 Writes bench/results/<date>.json and regenerates docs/benchmarks.md (with charts under
 docs/benchmarks/). Uses EXPORTS_BENCH_DATABASE_URL (default: PostgreSQL at 127.0.0.1:5432; scratch
-databases named exports_bench_*, dropped after each workload) and EXPORTS_BENCH_BROKER_URL (default:
-Redis at 127.0.0.1:6379, database 13, which the bench empties). Each module in bench/ can still be run
+databases named exports_bench_*, dropped after each workload) and EXPORTS_BENCH_BROKER_URL (default: a
+redis-server of the bench's own on a free loopback port, started and stopped by the run, since the
+machine's shared Redis may have other workers on it; without redis-server, 127.0.0.1:6379 database 13).
+The bench empties the broker's database between runs. Each module in bench/ can still be run
 alone: python -m bench.claim_throughput, bench.notify_cost, bench.stop_latency, bench.build_export,
 bench.upload_throughput.
 """
@@ -13,6 +15,7 @@ bench.upload_throughput.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,11 +25,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import _scratch, harness, report
+from bench import _scratch, harness, report, system
 from bench.workloads import ALL
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/13"
+#: Without a redis-server binary to start a private one: the machine's Redis, a database of the bench's own.
+SHARED_BROKER_URL = "redis://127.0.0.1:6379/13"
 
 
 def main() -> int:
@@ -57,10 +61,13 @@ def main() -> int:
 
     started = time.perf_counter()
     stamp = datetime.now(timezone.utc)
-    with tempfile.TemporaryDirectory(prefix="exports-bench-") as tmp:
-        ctx = harness.Context(sizes=sizes, base_url=_scratch.base_url(),
-                              broker_url=os.environ.get("EXPORTS_BENCH_BROKER_URL") or DEFAULT_BROKER_URL,
-                              work_dir=Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="exports-bench-") as tmp, contextlib.ExitStack() as stack:
+        broker_url = os.environ.get("EXPORTS_BENCH_BROKER_URL")
+        if not broker_url:
+            broker_url = (stack.enter_context(system.private_redis(Path(tmp) / "redis"))
+                          if system.REDIS_SERVER.exists() else SHARED_BROKER_URL)
+        ctx = harness.Context(sizes=sizes, base_url=_scratch.base_url(), broker_url=broker_url, work_dir=Path(tmp))
+        harness.log(f"broker: {broker_url}")
         reports = harness.run_all(ctx, chosen, profile_dir=args.profile)
     results = {
         "file": f"{stamp:%Y-%m-%d}.json",

@@ -158,11 +158,11 @@ class Sizes:
     stage_notify_creations: int
 
 
-QUICK = Sizes(name="quick", repeats=3, e2e_seconds=20, e2e_contacts=100, wakeup_idle_samples=10,
-              relay_rows=10_000, relay_decay_seconds=0, lease_attempts=1000, lease_renew_seconds=4,
-              scale_jobs=(10_000, 100_000), scale_due=500, cancel_ops=600,
-              contended_ops=2_000, claims_per_run=1_000, peer_jobs=300, stage_contacts=2_000,
-              stage_upload_mib=8, stage_stop_runs=8, stage_notify_creations=200)
+QUICK = Sizes(name="quick", repeats=3, e2e_seconds=18, e2e_contacts=100, wakeup_idle_samples=8,
+              relay_rows=8_000, relay_decay_seconds=0, lease_attempts=1000, lease_renew_seconds=4,
+              scale_jobs=(10_000, 100_000), scale_due=500, cancel_ops=600, contended_ops=2_000,
+              claims_per_run=600, peer_jobs=200, stage_contacts=2_000, stage_upload_mib=8, stage_stop_runs=8,
+              stage_notify_creations=200)
 
 FULL = Sizes(name="full", repeats=3, e2e_seconds=180, e2e_contacts=100, wakeup_idle_samples=40,
              relay_rows=100_000, relay_decay_seconds=180, lease_attempts=1000, lease_renew_seconds=20,

@@ -22,6 +22,8 @@ def _number(value: float | None) -> str:
     if value is None or value != value:
         return "-"
     magnitude = abs(value)
+    if value == int(value) and magnitude < 1e6:
+        return f"{int(value):,}"
     if magnitude >= 1000:
         return f"{value:,.0f}"
     if magnitude >= 100:

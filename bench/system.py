@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -79,6 +80,45 @@ def add_tenant(url: str, access: PartnerAccess, contacts: int) -> tuple[uuid.UUI
             directory.NewContact(f"person{i}@example.com", f"Person {i}", f"Company {i % 97}",
                                  f"+1 555 {i:07d}", True) for i in range(contacts)))
     return tenant, destination
+
+
+REDIS_SERVER = Path("/usr/bin/redis-server")
+
+
+@contextlib.contextmanager
+def private_redis(work_dir: Path) -> Iterator[str]:
+    """A redis-server of the bench's own on a free loopback port, no persistence; yields its URL.
+
+    The machine's Redis at 6379 is shared with whoever else runs workers here, and a worker of theirs
+    on the same database number would consume (and, finding no such job, acknowledge) our messages."""
+    from tests.fixtures.sftp import free_port
+
+    port = free_port()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(work_dir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start on port {port}") from None
+                time.sleep(0.05)   # polling a condition with a deadline
+        yield url
+    finally:
+        client.close()
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_TIMEOUT)
 
 
 def flush_broker(broker_url: str) -> None:

@@ -131,6 +131,8 @@ class Creator:
         try:
             with contextlib.closing(connect(self.url, Role.APP)) as conn, \
                     psycopg.connect(self.url, autocommit=True) as reader:
+                # Ended before this run: not this run's to count.
+                baseline = _counts(reader)
                 while not self.stop.is_set():
                     if len(self.created) - self.done < self.backlog:
                         job_id = uuid.uuid4()
@@ -140,7 +142,7 @@ class Creator:
                         assert result is export.CreateResult.CREATED, result
                         self.created.append(job_id)
                     else:
-                        self.done = _counts(reader)
+                        self.done = _counts(reader) - baseline
                         self.stop.wait(0.01)
         except BaseException as exc:   # surfaced by the caller
             self.failure = exc
