@@ -158,7 +158,29 @@ def render(results: dict[str, Any], made: dict[str, list[str]]) -> str:
         lines.append("")
     if not made:
         lines += ["_Charts were not drawn: matplotlib is missing (`pip install -e '.[bench]'`)._", ""]
+    lines += RUNNING
     return "\n".join(lines)
+
+
+RUNNING = [
+    "## Running it",
+    "",
+    "- `make bench`: every workload at quick sizes (under 10 minutes on 2 cores); `make bench-full`: the "
+    "sizes and durations of issue 11 (3-minute end-to-end and relay drains, 100k/1M jobs, 10k mixed "
+    "operations). Both install the `bench` extra (matplotlib, Procrastinate, pgqueuer, pyinstrument, py-spy), "
+    "write `bench/results/<date>.json` and regenerate this page; `BENCH_ARGS` passes options through.",
+    "- `python -m bench --only 3,5 --repeats 1`: some workloads; `--profile DIR`: each under pyinstrument, "
+    "its profile written to DIR; `python -m bench.report bench/results/<date>.json`: this page again from a "
+    "results file.",
+    "- Needs PostgreSQL (`EXPORTS_BENCH_DATABASE_URL`, default `postgresql://postgres@127.0.0.1:5432/postgres`; "
+    "scratch databases `exports_bench_*` are created and dropped), pgbench (Debian `postgresql-contrib`), "
+    "`redis-server` (the run starts its own on a free loopback port; `EXPORTS_BENCH_BROKER_URL` picks another), "
+    "and for the SFTP partner and the upload stage, root and OpenSSH sshd (else the embedded partner server, "
+    "and no upload stage).",
+    "- Each module of the first benchmarks still runs alone: `python -m bench.claim_throughput`, "
+    "`bench.notify_cost`, `bench.stop_latency`, `bench.build_export`, `bench.upload_throughput`.",
+    "",
+]
 
 
 def write(results: dict[str, Any], docs: Path = DOCS, chart_dir: Path = CHARTS) -> Path:
