@@ -15,27 +15,26 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import make_conninfo
 
-from app.store import connector, export
+from app.store import export
 from app.store.database import connect
 from app.store.types import Role
+from bench import pgbench
 from bench._scratch import base_url, create, drop, tenant_with_destination
 
-def job_id(client: int, i: int) -> uuid.UUID:
-    return uuid.UUID(hashlib.md5(f"c{client}-{i}".encode()).hexdigest())
+
+def job_id(client: int, i: int, tag: str = "") -> uuid.UUID:
+    return uuid.UUID(hashlib.md5(f"{tag}c{client}-{i}".encode()).hexdigest())
 
 
-def seed(url: str, clients: int, claims: int) -> None:
-    """Queued jobs whose ids both sides can compute: md5('c<client>-<i>')."""
+def seed(url: str, clients: int, claims: int, tag: str = "") -> None:
+    """Queued jobs whose ids both sides can compute: md5('<tag>c<client>-<i>')."""
     with psycopg.connect(url, autocommit=True) as conn:
         tenant, dest = tenant_with_destination(conn)
         with conn.transaction():
@@ -43,50 +42,35 @@ def seed(url: str, clients: int, claims: int) -> None:
             conn.execute(
                 """
                 WITH ids AS (
-                    SELECT md5('c' || c || '-' || i)::uuid AS id, 'k-' || c || '-' || i AS key
+                    SELECT md5(%(tag)s || 'c' || c || '-' || i)::uuid AS id, 'k-' || %(tag)s || c || '-' || i AS key
                     FROM generate_series(0, %(clients)s - 1) c, generate_series(1, %(claims)s) i),
                 d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
                 INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
                 SELECT id, %(tenant)s, 'Queued', 1, %(dest)s, key, 'bench', clock_timestamp() FROM ids
                 """,
-                dict(clients=clients, claims=claims, tenant=tenant, dest=dest))
+                dict(clients=clients, claims=claims, tenant=tenant, dest=dest, tag=tag))
         conn.execute("VACUUM ANALYZE export_jobs")
 
 
-def pgbench_script() -> str:
+def pgbench_script(tag: str = "") -> str:
     """The claim statement with pgbench variables in place of psycopg parameters."""
-    statement = connector.text("export_claim")
-    replacements = {
-        "job_id": "md5('c' || :client_id || '-' || :i)::uuid",
+    return "\\set i :i + 1\n" + pgbench.statement("export_claim", {
+        "job_id": f"md5('{tag}c' || :client_id || '-' || :i)::uuid",
         "checked_version": "1",
         "attempt_id": "gen_random_uuid()",
         "worker_id": "'pgbench'",
         "lease_seconds": "60",
-    }
-    for name, value in replacements.items():
-        statement = statement.replace(f"%({name})s", value)
-    assert "%(" not in statement, statement
-    # pgbench sends each line ending in ';' as one command: fold the statement onto one line.
-    return "\\set i :i + 1\n" + " ".join(line.split("--")[0].strip() for line in statement.splitlines()) + "\n"
+    }) + "\n"
 
 
-def run_pgbench(url: str, clients: int, claims: int) -> float:
-    params = conninfo_to_dict(url)
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
-        script.write(pgbench_script())
-    env = dict(os.environ, PGOPTIONS="-c role=exports_app")
-    # -M prepared: psycopg prepares a statement after its fifth run on a connection, so both sides
-    # run the claim as a prepared statement.
-    cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients), "-t", str(claims), "-D", "i=0", "-f", script.name,
-           "-h", params.get("host", "127.0.0.1"), "-p", str(params.get("port", 5432)), "-U", params.get("user", "postgres"),
-           params["dbname"]]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    os.unlink(script.name)
-    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
-    return float(match.group(1))
+def run_pgbench(url: str, clients: int, claims: int, tag: str = "", options: str = "") -> float:
+    return pgbench.run(url, [pgbench_script(tag)], clients=clients, transactions=claims, variables={"i": 0},
+                       options=options).tps
 
 
-def run_store(url: str, clients: int, claims: int) -> float:
+def run_store(url: str, clients: int, claims: int, tag: str = "", options: str = "") -> float:
+    if options:
+        url = make_conninfo(url, options=options)
     barrier = threading.Barrier(clients + 1)
     claimed = [0] * clients
 
@@ -94,8 +78,8 @@ def run_store(url: str, clients: int, claims: int) -> float:
         conn = connect(url, Role.APP)
         barrier.wait()
         for i in range(1, claims + 1):
-            claimed[c] += export.try_claim(conn, job_id=job_id(c, i), checked_version=1, attempt_id=uuid.uuid4(),
-                                         worker_id="bench", lease_seconds=60)
+            claimed[c] += export.try_claim(conn, job_id=job_id(c, i, tag), checked_version=1,
+                                           attempt_id=uuid.uuid4(), worker_id="bench", lease_seconds=60)
         conn.close()
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]

@@ -47,6 +47,11 @@ def run(url: str, clients: int, creations: int, tenant: uuid.UUID, destination: 
     return clients * creations / (time.perf_counter() - started)
 
 
+def set_trigger(owner: psycopg.Connection, enabled: bool) -> None:
+    owner.execute(sql.SQL("ALTER TABLE outbox {} TRIGGER tr_outbox_notify").format(
+        sql.SQL("ENABLE" if enabled else "DISABLE")))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=4)
@@ -60,11 +65,10 @@ def main() -> None:
         rates: dict[bool, float] = {True: 0.0, False: 0.0}
         # Alternating and best-of-two, so neither side gains from the order.
         for notify in (True, False, False, True):
-            owner.execute(sql.SQL("ALTER TABLE outbox {} TRIGGER tr_outbox_notify").format(
-                sql.SQL("ENABLE" if notify else "DISABLE")))
+            set_trigger(owner, notify)
             owner.execute("CHECKPOINT")
             rates[notify] = max(rates[notify], run(url, args.clients, args.creations, tenant, destination))
-        owner.execute("ALTER TABLE outbox ENABLE TRIGGER tr_outbox_notify")
+        set_trigger(owner, True)
     drop(base, name)
     print(f"job creation: {args.clients} clients x {args.creations}")
     print(f"  without the outbox NOTIFY (ceiling): {rates[False]:10.0f} creations/s")

@@ -1,0 +1,57 @@
+"""The benchmark harness itself, with no database: pairing, rows, goals and the page it renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import harness, pgbench, report
+
+
+def _context(tmp_path: Path, repeats: int = 3) -> harness.Context:
+    sizes = harness.QUICK.__class__(**{**harness.QUICK.__dict__, "repeats": repeats})
+    return harness.Context(sizes=sizes, base_url="postgresql://unused", broker_url="redis://unused", work_dir=tmp_path)
+
+
+def test_paired_runs_alternate_which_side_goes_first_and_prepare_each_run(tmp_path):
+    ctx = _context(tmp_path)
+    calls: list[str] = []
+    ceilings, ours = ctx.paired(lambda: calls.append("ceiling") or 10.0, lambda: calls.append("ours") or 5.0,
+                                prepare=lambda: calls.append("prepare"))
+    runs = [c for c in calls if c != "prepare"]
+    assert runs == ["ceiling", "ours", "ours", "ceiling", "ceiling", "ours"]
+    assert calls.count("prepare") == 6
+    assert ceilings == [10.0] * 3 and ours == [5.0] * 3
+
+
+def test_a_row_has_the_median_and_range_of_its_runs_its_ratio_and_whether_its_goal_is_met():
+    row = harness.Row("jobs", "jobs/s", harness.Stat.of([3.0, 1.0, 2.0]), harness.Stat.of([4.0, 4.0, 4.0]),
+                      "pgbench", harness.at_least(0.5))
+    assert (row.ours.median, row.ours.low, row.ours.high) == (2.0, 1.0, 3.0)
+    assert row.ratio == 0.5
+    assert row.met is True
+    assert harness.Row("latency", "ms", harness.Stat.of([80.0]), goal=harness.value_at_most(50, "p99 <= 50 ms")).met is False
+    assert harness.Row("no ceiling", "x", harness.Stat.of([1.0])).met is None
+
+
+def test_a_fake_workload_produces_a_result_row_and_the_page_renders_its_table(tmp_path):
+    fake = harness.Workload("F", "Fake", "A workload that measures nothing.", lambda ctx: harness.Outcome(
+        rows=[harness.Row("widgets", "widgets/s", harness.Stat.of([9.0, 10.0, 11.0]), harness.Stat.of([20.0]),
+                          "a faster widget", harness.at_least(0.3))],
+        notes=["made up"], details={"EXPLAIN x": "Index Scan using ix_x"}))
+    broken = harness.Workload("B", "Broken", "Raises.", lambda ctx: 1 / 0)
+    reports = harness.run_all(_context(tmp_path), [fake, broken])
+    assert reports[1].error == "ZeroDivisionError: division by zero"
+    results = {"file": "2026-01-01.json", "mode": "quick", "started": "2026-01-01 00:00 UTC", "total_seconds": 1.0,
+               "machine": {"cpus": 2}, "workloads": [r.as_json() for r in reports]}
+    page = report.render(results, {})
+
+    assert "| widgets | widgets/s | 10 (9-11) | a faster widget | 20 | 0.500 | >= 0.3x | yes |" in page
+    assert "## F. Fake" in page and "- made up" in page and "Index Scan using ix_x" in page
+    assert "**Not measured in this run:** `ZeroDivisionError: division by zero`" in page
+
+
+def test_pgbench_scripts_are_the_store_statement_with_its_parameters_translated():
+    line = pgbench.statement("export_lease_renew", {"job_id": "md5('j' || :i)::uuid"})
+    assert "/* export_lease_renew */" in line and "\n" not in line and line.endswith(";")
+    assert "id = md5('j' || :i)::uuid" in line
+    assert ":attempt_id" in line and ":lease_seconds" in line and "%(" not in line
