@@ -66,6 +66,10 @@ class Settings:
     worker_metrics: str = "127.0.0.1:9463"
     #: Seconds between a process's heartbeats.
     heartbeat_seconds: float = 10.0
+    #: Milliseconds an idle worker waits between polls of the broker: Dramatiq's default (1000) puts up to a
+    #: second between a creation's commit and its claim; 50 keeps that p99 near 50 ms for about 300 idle
+    #: Redis commands a second.
+    worker_idle_poll_ms: int = 50
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -94,6 +98,7 @@ class Settings:
             scheduler_metrics=env.get("EXPORTS_SCHEDULER_METRICS") or "127.0.0.1:9462",
             worker_metrics=env.get("EXPORTS_WORKER_METRICS") or "127.0.0.1:9463",
             heartbeat_seconds=_number(env, "EXPORTS_HEARTBEAT_SECONDS", 10.0, minimum=0.1),
+            worker_idle_poll_ms=int(_number(env, "EXPORTS_WORKER_IDLE_POLL_MS", 50, minimum=1)),
         )
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "

@@ -1,9 +1,9 @@
 """The relay: publishes unpublished outbox rows to Dramatiq, as the dispatcher role.
 
 One pass is one short transaction: lock a batch of unpublished rows (``FOR UPDATE SKIP LOCKED``, so
-any number of relays can run at once and never publish one row twice in a pass), enqueue each as a
-message for the export actor whose Dramatiq ``message_id`` is the row's ``message_id``, mark the
-enqueued ones published, commit.
+any number of relays can run at once and never publish one row twice in a pass), enqueue them as
+messages for the export actor whose Dramatiq ``message_id`` is the row's ``message_id`` (on Redis in
+one pipelined round trip, ``app/actors/enqueue.py``), mark the ones the broker took published, commit.
 
 The only way a message is published twice is a crash (or a lost commit) after the broker took the
 message and before the mark committed, an ``enqueue`` whose reply was lost included: the row is still
@@ -29,6 +29,7 @@ import dramatiq
 import psycopg
 
 from app import logs, metrics
+from app.actors.enqueue import enqueue_batch
 from app.config import Settings, resolve_database_url
 from app.heartbeat import Heartbeat
 from app.store import connector, errors
@@ -123,25 +124,32 @@ class Relay:
         return RelayPass(claimed=len(rows), published=len(published), broker_failed=broker_failed)
 
     def _publish(self, rows: list[OutboxMessage]) -> tuple[list[UUID], bool]:
-        published: list[UUID] = []
+        """Enqueues the batch (one round trip on Redis); returns the rows the broker took, and whether it
+        refused any. Only those are marked: the rest stay unpublished for the next pass."""
+        publishable = []
         for row in rows:
             if row.kind != EXPORT_READY:
                 # No actor takes it; leave it unpublished and visible rather than mark a lie.
                 log.error("relay.unknown_kind", message_id=row.message_id, job_id=row.job_id, kind=row.kind)
                 continue
-            try:
-                self.broker.enqueue(message_for(row, queue_name=self.queue_name))
-            except Exception as exc:
-                # The broker is down or refused: this row and the rest stay unpublished for the next
-                # pass. Only the error's class is logged; a broker error can carry its URL.
-                metrics.relay().broker_failures.inc()
-                log.warning("relay.broker_unavailable", message_id=row.message_id, job_id=row.job_id, error=type(exc).__name__, published=len(published))
-                return published, True
-            published.append(row.message_id)
-            # Per message, so one job can be followed from its outbox row to the worker's log; at DEBUG,
-            # because at INFO this one line was a fifth of the relay's time.
-            log.debug("relay.enqueued", message_id=row.message_id, job_id=row.job_id)
-        return published, False
+            publishable.append(row)
+        results = enqueue_batch(self.broker, [message_for(row, queue_name=self.queue_name) for row in publishable])
+        published = []
+        for row, error in zip(publishable, results, strict=True):
+            if error is None:
+                published.append(row.message_id)
+                # Per message, so one job can be followed from its outbox row to the worker's log; at
+                # DEBUG, because at INFO this one line was a fifth of the relay's time.
+                log.debug("relay.enqueued", message_id=row.message_id, job_id=row.job_id)
+        refused = [(row, error) for row, error in zip(publishable, results, strict=True) if error is not None]
+        if refused:
+            # The broker is down or refused: those rows stay unpublished for the next pass. Only the
+            # error's class is logged; a broker error can carry its URL.
+            metrics.relay().broker_failures.inc(len(refused))
+            row, error = refused[0]
+            log.warning("relay.broker_unavailable", message_id=row.message_id, job_id=row.job_id,
+                        error=type(error).__name__, refused=len(refused), published=len(published))
+        return published, bool(refused)
 
     def drain(self) -> int:
         """Passes until a batch comes back short (or the broker refuses); returns messages published."""

@@ -88,9 +88,11 @@ def scheduler(ctx: Context, args: argparse.Namespace) -> int:
 def worker(ctx: Context, args: argparse.Namespace) -> int:
     """Runs dramatiq's command line in this process, so the pid this prints is the one to signal.
     The worker processes it forks inherit this environment, with the database resolved once here."""
+    ctx.settings.require_broker()
+    # Read by dramatiq.worker when it is imported, which the import below does first.
+    os.environ["dramatiq_worker_timeout"] = str(ctx.settings.worker_idle_poll_ms)
     import dramatiq.cli
 
-    ctx.settings.require_broker()
     os.environ["EXPORTS_DATABASE_URL"] = ctx.database_url()
     address = metrics.parse_address(ctx.settings.worker_metrics)
     if address is not None:

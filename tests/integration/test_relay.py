@@ -227,32 +227,68 @@ def test_an_unreachable_broker_leaves_every_row_unpublished_for_the_next_pass(
     assert unpublished_ids(admin) == []
 
 
-def test_a_broker_that_fails_mid_batch_marks_only_the_rows_it_took(
+def test_a_broker_that_refuses_one_message_of_a_batch_marks_exactly_the_rows_it_took(
         db_url, dispatcher_db, broker, seed, admin, monkeypatch):
-    import redis
-
     ids = seed_jobs(seed, 4)
-    real_enqueue, calls = broker.do_enqueue, []
+    real_dispatch, calls = broker.scripts["dispatch"], []
 
-    def enqueue_until_the_connection_drops(*args):
+    def refuse_the_third(keys, args, client):
         calls.append(args)
-        if len(calls) >= 3:
-            raise redis.ConnectionError("Connection closed by server.")
-        return real_enqueue(*args)
+        if len(calls) == 3:
+            args = args[:3]   # a call the script cannot run: Redis answers this one with an error
+        return real_dispatch(keys=keys, args=args, client=client)
 
-    monkeypatch.setattr(broker, "do_enqueue", enqueue_until_the_connection_drops)
+    monkeypatch.setitem(broker.scripts, "dispatch", refuse_the_third)
     relay = Relay(settings_for(db_url), dispatcher_db, broker)
 
-    assert relay.run_once() == 2
-    assert len(calls) == 3   # the relay stopped at the first refusal instead of hammering a dead broker
-    assert queued_ids(broker) == ids[:2]
-    assert unpublished_ids(admin) == ids[2:]
+    assert relay.run_once() == 3
+    assert sorted(queued_ids(broker)) == sorted(ids[:2] + ids[3:])
+    assert unpublished_ids(admin) == [ids[2]]
 
-    monkeypatch.setattr(broker, "do_enqueue", real_enqueue)
-    assert relay.run_once() == 2
+    monkeypatch.setitem(broker.scripts, "dispatch", real_dispatch)
+    assert relay.run_once() == 1
 
-    assert queued_ids(broker) == ids
+    assert sorted(queued_ids(broker)) == sorted(ids)
     assert unpublished_ids(admin) == []
+
+
+def test_a_connection_lost_during_the_pipeline_marks_nothing_and_the_next_pass_publishes_all(
+        db_url, dispatcher_db, broker, seed, admin, monkeypatch):
+    import redis
+    from redis.client import Pipeline
+
+    ids = seed_jobs(seed, 3)
+    real_execute = Pipeline.execute
+
+    def connection_lost(self, raise_on_error=True):
+        raise redis.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(Pipeline, "execute", connection_lost)
+    relay = Relay(settings_for(db_url), dispatcher_db, broker)
+
+    assert relay.run_once() == 0
+    assert unpublished_ids(admin) == ids
+
+    monkeypatch.setattr(Pipeline, "execute", real_execute)
+    assert relay.run_once() == 3
+    assert sorted(queued_ids(broker)) == sorted(ids)
+
+
+def test_a_batch_is_enqueued_in_one_round_trip(db_url, dispatcher_db, broker, seed, monkeypatch):
+    from redis.client import Pipeline
+
+    ids = seed_jobs(seed, 25)
+    executions = []
+    real_execute = Pipeline.execute
+
+    def counted(self, raise_on_error=True):
+        executions.append(len(self.command_stack))
+        return real_execute(self, raise_on_error=raise_on_error)
+
+    monkeypatch.setattr(Pipeline, "execute", counted)
+
+    assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 25
+    assert executions == [25] and sorted(queued_ids(broker)) == sorted(ids)
 
 
 def test_a_crash_between_publishing_and_marking_republishes_the_same_message_ids(
