@@ -112,16 +112,17 @@ def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner,
     url = resolve_database_url(settings)
     db = Database(url, Role.APP, max_size=8, name="exports-worker")
     watcher = StopWatcher(url, poll_seconds=settings.stop_poll_seconds)
+    leases = Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds)
     parts: dict[str, object] = dict(
         db=db, lease_seconds=settings.lease_seconds, policy=ExportPolicy(),
-        builder=ContactsBuilder(url, settings.work_dir),
-        leases=Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds),
-        watcher=watcher)
+        builder=ContactsBuilder(url, settings.work_dir), leases=leases, watcher=watcher)
     parts.update(overrides)
     runner = ExportRunner(**parts)  # type: ignore[arg-type]
 
     def close() -> None:
         watcher.close()
+        if "db" in leases.__dict__:   # its pool, if a renewal ever opened it
+            leases.db.close()
         db.close()
 
     return runner, close

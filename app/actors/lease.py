@@ -2,11 +2,11 @@
 
 - Renewals run on an APScheduler 3 ``BackgroundScheduler`` shared by the worker process, every
   ``renew_seconds``, each extending the lease to ``lease_seconds`` from the database's clock.
-- The keeper has its own connection, so a renewal never waits behind the runner's statements, and
-  one lock serializes the scheduled renewals with on-demand ones (``renew_now``, before the retry at
-  cutoff 2): one connection never runs two statements at once.
+- The keepers of a process share a small pool of their own, so a renewal never waits behind the
+  runner's statements, and one lock per keeper serializes its scheduled renewals with on-demand ones
+  (``renew_now``, before the retry at cutoff 2).
 - A renewal that raises is retried at the next interval and stops nothing: a network blip must not
-  abort a healthy build. Its connection is dropped and opened again.
+  abort a healthy build. The pool replaces a dead connection before it hands it out.
 - A renewal that changes no row means a takeover committed (or the attempt ended): the keeper sets
   the stop signal with ``LEASE_LOST``. Before cutoff 2 that stops preparation; during the upload the
   runner ignores it, and recovery reconciles.
@@ -19,10 +19,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import cached_property
 from uuid import UUID
 
-import psycopg
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -31,7 +30,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from app import logs, metrics
 from app.actors.stop import StopReason, StopSignal
 from app.store import export
-from app.store.database import connect
+from app.store.database import Database
 from app.store.types import RenewResult, Role
 
 log = logs.get(__name__)
@@ -42,8 +41,10 @@ RENEW_NOW_TRIES = 3
 RENEW_NOW_BACKOFF_SECONDS = 0.2
 #: Threads the shared scheduler runs renewals on; a renewal is short, so a few cover many attempts.
 SCHEDULER_THREADS = 16
-#: The application_name of the keeper's connections, so an operator (or a test) can find them.
+#: The application_name of the keepers' connections, so an operator (or a test) can find them.
 APPLICATION_NAME = "exports-lease"
+#: Connections the renewals of one worker process share.
+POOL_SIZE = 4
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,8 @@ class LeaseKeeper:
     """Keeps one attempt's lease renewed. Create through ``Leases.keep`` (which starts it)."""
 
     def __init__(
-        self, *, url: str, job_id: UUID, attempt_id: UUID, lease_seconds: float, renew_seconds: float,
+        self, *, db: Database, job_id: UUID, attempt_id: UUID, lease_seconds: float, renew_seconds: float,
         scheduler: BaseScheduler, stop: StopSignal,
-        connect_app: Callable[[], psycopg.Connection] | None = None,
     ) -> None:
         self.job_id = job_id
         self.attempt_id = attempt_id
@@ -70,9 +70,8 @@ class LeaseKeeper:
         self.renew_seconds = renew_seconds
         self._scheduler = scheduler
         self._stop = stop
-        self._connect = connect_app or (lambda: connect(url, Role.APP, application_name=APPLICATION_NAME))
-        self._conn: psycopg.Connection | None = None
-        self._lock = threading.Lock()            # one renewal at a time on one connection
+        self._db = db
+        self._lock = threading.Lock()            # one renewal of this attempt at a time
         self._finished = threading.Event()
         self._job = None
         self.history: list[Renewal] = []
@@ -125,8 +124,8 @@ class LeaseKeeper:
                 pass
             except Exception:   # the scheduler shut down first: nothing left to stop
                 log.debug("lease.remove_failed", job_id=self.job_id, exc_info=True)
-        with self._lock:
-            self._close()
+        with self._lock:   # waits for a renewal in flight
+            pass
 
     # --- renewals ---------------------------------------------------------------------------------
 
@@ -140,15 +139,13 @@ class LeaseKeeper:
         """Holds ``self._lock``."""
         started = time.monotonic()
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-            result = export.renew_lease(self._conn, job_id=self.job_id, attempt_id=self.attempt_id,
-                                      lease_seconds=self.lease_seconds)
+            with self._db.connection() as conn:
+                result = export.renew_lease(conn, job_id=self.job_id, attempt_id=self.attempt_id,
+                                            lease_seconds=self.lease_seconds)
         except Exception as exc:
-            # Retried at the next interval; nothing stops. The connection may be dead: open a new one.
+            # Retried at the next interval; nothing stops. A dead connection is the pool's to replace.
             metrics.worker().renewals_failed.inc()
             log.warning("lease.renew_failed", job_id=self.job_id, attempt_id=self.attempt_id, error=type(exc).__name__)
-            self._close()
             result = RenewResult.FAILED
         self.history.append(Renewal(kind, result, started, time.monotonic()))
         if result is RenewResult.LOST:
@@ -169,29 +166,28 @@ class LeaseKeeper:
             except Exception:
                 pass
 
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-
     def __repr__(self) -> str:
         return f"LeaseKeeper(job_id={self.job_id}, attempt_id={self.attempt_id}, renewals={self.renewals})"
 
 
 @dataclass(frozen=True)
 class Leases:
-    """Makes started lease keepers for one database and one pair of timings."""
+    """Makes started lease keepers for one database and one pair of timings. Their renewals share one
+    small pool (a renewal holds a connection for one statement), not a connection per attempt: a
+    thousand running attempts would otherwise need a thousand connections."""
 
     url: str
     lease_seconds: float
     renew_seconds: float
     scheduler: BaseScheduler = field(default_factory=lambda: shared_scheduler())
+    pool_size: int = POOL_SIZE
+
+    @cached_property
+    def db(self) -> Database:
+        return Database(self.url, Role.APP, min_size=1, max_size=self.pool_size, name=APPLICATION_NAME)
 
     def keep(self, job_id: UUID, attempt_id: UUID, stop: StopSignal) -> LeaseKeeper:
-        keeper = LeaseKeeper(url=self.url, job_id=job_id, attempt_id=attempt_id,
+        keeper = LeaseKeeper(db=self.db, job_id=job_id, attempt_id=attempt_id,
                              lease_seconds=self.lease_seconds, renew_seconds=self.renew_seconds,
                              scheduler=self.scheduler, stop=stop)
         keeper.start()

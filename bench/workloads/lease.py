@@ -1,10 +1,8 @@
 """Workload 4: keeping 1,000 running attempts' leases renewed.
 
 Ours: 1,000 real ``LeaseKeeper``s on one APScheduler scheduler (the worker's 16 threads), each renewing
-its Running attempt every ``renew_seconds`` with ``export_lease_renew``, for two rounds. The keeper
-opens a connection per attempt: 1,000 attempts would need 1,000 connections (this server allows
-100), so the keepers share 16 connections through the keeper's own ``connect_app`` parameter, which
-``Leases`` does not expose yet. Measured: commits per second, CPU per renewal in this process and in
+its Running attempt every ``renew_seconds`` with ``export_lease_renew``, for two rounds, sharing one
+pool of 16 connections as the keepers of a worker process share theirs. Measured: commits per second, CPU per renewal in this process and in
 the PostgreSQL backends, how long each round takes, the HOT-update ratio on ``export_jobs``, and what
 one connection per attempt costs to open. Ceiling: pgbench running ``export_lease_renew`` on the same
 rows with as many clients (16), flat out.
@@ -12,7 +10,6 @@ rows with as many clients (16), flat out.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
@@ -21,7 +18,7 @@ import psycopg
 
 from app.actors.lease import SCHEDULER_THREADS, LeaseKeeper, new_scheduler
 from app.actors.stop import StopSignal
-from app.store.database import connect
+from app.store.database import Database, connect
 from app.store.types import RenewResult, Role
 from bench import pgbench, system
 from bench._scratch import tenant_with_destination
@@ -59,7 +56,7 @@ def hot_counts(url: str) -> tuple[int, int]:
 
 def keep_renewed(url: str, attempts: int, renew_seconds: float) -> dict:
     """Two rounds of renewals of every attempt; what they cost."""
-    connections = [connect(url, Role.APP, application_name="bench-lease") for _ in range(SCHEDULER_THREADS)]
+    pool = Database(url, Role.APP, min_size=SCHEDULER_THREADS, max_size=SCHEDULER_THREADS, name="bench-lease")
     scheduler = new_scheduler()
     keepers: list[LeaseKeeper] = []
     try:
@@ -67,10 +64,9 @@ def keep_renewed(url: str, attempts: int, renew_seconds: float) -> dict:
         client_before = time.process_time()
         started = time.monotonic()
         for i in range(1, attempts + 1):
-            share = connections[i % len(connections)]
-            keeper = LeaseKeeper(url=url, job_id=uuid.UUID(_md5(f"j{i}")), attempt_id=uuid.UUID(_md5(f"a{i}")),
+            keeper = LeaseKeeper(db=pool, job_id=uuid.UUID(_md5(f"j{i}")), attempt_id=uuid.UUID(_md5(f"a{i}")),
                                  lease_seconds=60, renew_seconds=renew_seconds, scheduler=scheduler,
-                                 stop=StopSignal(), connect_app=lambda share=share: share)
+                                 stop=StopSignal())
             keeper.start()
             keepers.append(keeper)
         # Two rounds, then half an interval for the second to finish.
@@ -81,9 +77,8 @@ def keep_renewed(url: str, attempts: int, renew_seconds: float) -> dict:
     finally:
         scheduler.shutdown(wait=True)
         for keeper in keepers:
-            keeper._finished.set()   # the shared connections are closed below, once
-        for conn in connections:
-            conn.close()
+            keeper._finished.set()   # the shared pool is closed below, once
+        pool.close()
     renewed = [r for r in history if r.result is RenewResult.RENEWED]
     rounds = []
     for k in range(ROUNDS):
@@ -148,13 +143,13 @@ def run(ctx: Context) -> Outcome:
         Row("CPU per renewal, PostgreSQL backends", "µs", Stat.of([r["server_us"] for r in runs])),
         Row(f"longest round: {n:,} renewals due at once", "s", Stat.of([r["round_seconds"] for r in runs])),
         Row("HOT updates on export_jobs during the runs", "fraction", Stat.of([hot / upd if upd else float("nan")])),
-        Row("opening one app-role connection (the keeper's per attempt today)", "ms", Stat.of(connect_ms(url))),
+        Row("opening one app-role connection (what a keeper paid per attempt before the pool)", "ms",
+            Stat.of(connect_ms(url))),
     ]
     failed = sum(r["failed"] for r in runs)
     outcome.notes += [
-        f"{n:,} keepers share {SCHEDULER_THREADS} connections through `LeaseKeeper(connect_app=...)`: as shipped, "
-        f"`Leases.keep` gives each attempt its own connection, and {n:,} would exceed max_connections. "
-        "Hook needed: `Leases(connect_app=...)` or a pool.",
+        f"{n:,} keepers share one pool of {SCHEDULER_THREADS} connections, as the keepers of a worker process share "
+        "theirs (before, each attempt opened a connection of its own, and 1,000 would exceed max_connections).",
         f"Every round renewed every attempt: {'yes' if failed == 0 else f'no, {failed} renewals failed'}; "
         f"{ROUNDS} rounds per run; the production-interval row scales the commits by {renew:g}/{PRODUCTION_RENEW_SECONDS:g} "
         "(each renewal is one commit).",

@@ -47,15 +47,22 @@ def test_a_renewal_that_throws_is_retried_at_the_next_interval_and_does_not_stop
     keeper = runner.leases.keeper
     wait_until(lambda: keeper.renewals >= 1, "a first renewal")
 
-    # Kill the keeper's session: its next renewal raises on a dead connection.
-    killed = worker.admin.execute(
-        "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name = 'exports-lease'").fetchone()["n"]
-    assert killed == 1
-    wait_until(lambda: keeper.failures >= 1, "a failed renewal")
+    # Hold the row so a renewal waits on it, then kill that renewal's session: it raises mid-statement.
+    locker = psycopg.connect(worker.db_url, autocommit=False)
+    try:
+        locker.execute("SELECT 1 FROM export_jobs WHERE id = %s FOR UPDATE", (job.id,))
+        wait_until(lambda: lease_backends_blocked(worker.admin) == 1, "a renewal blocked on the row lock")
+        killed = worker.admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'exports-lease' AND cardinality(pg_blocking_pids(pid)) > 0").fetchone()["n"]
+        assert killed == 1
+        wait_until(lambda: keeper.failures >= 1, "a failed renewal")
+    finally:
+        locker.rollback()
+        locker.close()
     failed_at = max(i for i, r in enumerate(keeper.history) if r.result is RenewResult.FAILED)
     wait_until(lambda: any(r.result is RenewResult.RENEWED for r in keeper.history[failed_at + 1:]),
-               "a renewal after the failure, on a new connection")
+               "a renewal after the failure, on another connection")
     assert not keeper._stop.is_set()
     gate.open()
     result = run.result()
