@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, is_dataclass
-from functools import cache
 from typing import Any
 
 from app import logs
@@ -104,19 +103,33 @@ class _Scheduler:
                               ["service", "count"])
 
 
-@cache
+_built: dict[type, Any] = {}
+_building = threading.Lock()
+
+
+def _once(kind: type) -> Any:
+    """The one instance of a process's metric family, built on first use. Under a lock: two threads using
+    a metric for the first time at once would otherwise both build it, and the second registration of a
+    name in the registry raises (the chaos soak found it, seed 8)."""
+    built = _built.get(kind)
+    if built is None:
+        with _building:
+            built = _built.get(kind)
+            if built is None:
+                built = _built[kind] = kind()
+    return built
+
+
 def worker() -> _Worker:
-    return _Worker()
+    return _once(_Worker)
 
 
-@cache
 def relay() -> _Relay:
-    return _Relay()
+    return _once(_Relay)
 
 
-@cache
 def scheduler() -> _Scheduler:
-    return _Scheduler()
+    return _once(_Scheduler)
 
 
 def count_run(service: str, counts: Any) -> None:

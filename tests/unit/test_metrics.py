@@ -33,3 +33,25 @@ def test_a_maintenance_run_adds_its_nonzero_counts_by_service():
     metrics.count_run("sweeper", SweepCounts(republished=3, batches=1))
 
     assert value("republished") == before + 3
+
+
+def test_the_first_use_of_a_family_by_many_threads_at_once_builds_it_once(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(metrics, "_built", {})
+    built = []
+
+    class Family:
+        def __init__(self):
+            built.append(self)
+            entered.wait(5)   # every thread is inside _once before the first finishes building
+
+    entered = threading.Event()
+    threads = [threading.Thread(target=metrics._once, args=(Family,)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    entered.set()
+    for thread in threads:
+        thread.join(5)
+
+    assert len(built) == 1
