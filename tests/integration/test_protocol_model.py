@@ -172,6 +172,9 @@ class Op:
     run: Callable[[], object]
     predict: Callable[[Model], object]
     after: Callable[[object], None] = lambda answer: None
+    #: For a write whose refusal is explained by a later re-read (cutoff 2): makes the write on a
+    #: model and answers None when it wrote, else how the re-read answers from a later model.
+    split: Callable[[Model], Callable[[Model], object] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -320,7 +323,11 @@ class ProtocolMachine(RuleBasedStateMachine):
             return export.authorize_delivery(w.db, job_id=job_id, tenant_id=job.tenant, attempt_id=attempt,
                                              expected=expected_file(job.key, attempt),
                                              replaces_job_id=job.original).value
-        return Op(w.name, "authorize", run, lambda m: m.authorize(job_id, attempt))
+        def split(m: Model):
+            before = m.jobs[job_id].status
+            m.authorize(job_id, attempt)
+            return None if m.jobs[job_id].status != before else (lambda later: later.authorize_reread(job_id, attempt))
+        return Op(w.name, "authorize", run, lambda m: m.authorize(job_id, attempt), split=split)
 
     def _renew(self, w: Worker, job_id: UUID) -> Op:
         attempt = self._attempt(w, job_id)
@@ -648,7 +655,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         def predict(m: Model):
             renewed = renew.predict(m)
             return renewed, authorize.predict(m) if renewed == "Renewed" else None
-        return Op(w.name, "renew then authorize", run, predict)
+
+        def split(m: Model):
+            renewed = renew.predict(m)
+            reread = authorize.split(m) if renewed == "Renewed" else None
+            return None if reread is None else (lambda later: (renewed, reread(later)))
+        return Op(w.name, "renew then authorize", run, predict, split=split)
 
     def _race(self, kind: str, w: Worker, job_id: UUID) -> tuple[Op, Op]:
         """The two contending writes of a race, built for the job as it is now."""
@@ -695,10 +707,19 @@ class ProtocolMachine(RuleBasedStateMachine):
             self._expire(job)
         a, b = self._race(kind, self._owner(job) or self.workers[name], job)
         orders = []
-        for pair in ((a, b), (b, a)):
+        for first, second in ((a, b), (b, a)):
             model = copy.deepcopy(self.model)
-            answers = {id(op): op.predict(model) for op in pair}
-            orders.append((model, (answers[id(a)], answers[id(b)]), f"{pair[0].label} then {pair[1].label}"))
+            answers = {id(first): first.predict(model), id(second): second.predict(model)}
+            orders.append((model, (answers[id(a)], answers[id(b)]), f"{first.label} then {second.label}"))
+            if first.split is not None:
+                # The first refused, the second committed, then the first's re-read explained the refusal.
+                model = copy.deepcopy(self.model)
+                reread = first.split(model)
+                if reread is not None:
+                    answers = {id(second): second.predict(model)}
+                    answers[id(first)] = reread(model)
+                    orders.append((model, (answers[id(a)], answers[id(b)]),
+                                   f"{first.label} refused, {second.label}, then the re-read"))
 
         barrier = threading.Barrier(2)
 

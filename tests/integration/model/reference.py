@@ -190,6 +190,24 @@ class Model:
         job.record("DeliveryAuthorized", attempt)
         return "Authorized"
 
+    def authorize_reread(self, job_id: UUID, attempt: UUID) -> str:
+        """Why a refused cutoff 2 was refused, as the worker's re-read explains it. The re-read is
+        not atomic with the refusal: when the reason is gone by then (a renewal, or a correction of
+        the original, landed in between), a row that is Running, owned and unstopped reads as
+        LeaseLapsed, whose one renewal and one retry settle it."""
+        job = self.jobs[job_id]
+        if job.attempt != attempt:
+            return "NotOwner"
+        if job.status == DELIVERING:
+            return "Authorized"
+        if job.status != RUNNING:
+            return "NotOwner"
+        if job.stop_request is not None:
+            return "StopRecorded"
+        if job.original is not None and self.jobs[job.original].status == COMPLETED:
+            return "OriginalCompleted"
+        return "LeaseLapsed"
+
     def renew(self, job_id: UUID, attempt: UUID) -> str:
         """Renewal checks ownership, never expiry: a slow worker stays the owner until a takeover."""
         job = self.jobs[job_id]
