@@ -333,31 +333,43 @@ class Model:
         recorded baseline can never prove it, because a file under its name may be the original's."""
         return job.original is None and (attempt or job.attempt) in job.proven_attempts
 
-    def recovery_run(self) -> dict[str, int]:
-        """One recovery run: every expired attempt taken over by the rule for its state, then every
-        OutcomeUnknown whose attempt's evidence proves the delivery reconciled to Completed. Answers
-        how many of each it wrote."""
+    def recovery_scan(self) -> list[tuple[UUID, UUID, str, bool, int]]:
+        """Recovery's scan: it only nominates, with what it saw (state, stop request, attempt count)."""
+        return [(j.id, j.attempt, j.status, j.stop_request is not None, j.attempt_count)
+                for j in sorted(self.jobs.values(), key=lambda j: j.id)
+                if j.status in (RUNNING, DELIVERING) and j.lease == "expired"]
+
+    def recovery_take_over(self, nominations: list[tuple[UUID, UUID, str, bool, int]]) -> dict[str, int]:
+        """The rest of a recovery run: each nomination taken over by the rule for what the scan saw
+        (a Delivering one weighed on the evidence there is now), each takeover matching only if its
+        conditions still hold; then every OutcomeUnknown whose attempt's evidence proves the delivery
+        reconciled to Completed. Answers how many of each it wrote, and how many matched nothing."""
         counts: dict[str, int] = {}
 
         def count(name: str, written: bool) -> None:
-            counts[name] = counts.get(name, 0) + int(written)
+            name = name if written else "not_matched"
+            counts[name] = counts.get(name, 0) + 1
 
-        for job_id, attempt in sorted(self.expired()):
+        for job_id, attempt, status, stop_requested, attempt_count in nominations:
             job = self.jobs[job_id]
-            if job.status == DELIVERING:
-                proven = self.proves_delivery(job)
+            if status == DELIVERING:
+                proven = self.proves_delivery(job, attempt)
                 count("completed" if proven else "outcome_unknown",
                       self.resolve_delivering(job_id, attempt, COMPLETED if proven else OUTCOME_UNKNOWN))
-            elif job.stop_request is not None:
+            elif stop_requested:
                 count("stopped", self.stop_expired(job_id, attempt))
-            elif job.attempt_count < self.max_attempts:
+            elif attempt_count < self.max_attempts:
                 count("requeued", self.requeue_expired(job_id, attempt))
             else:
                 count("exhausted", self.exhaust_expired(job_id, attempt))
         for job in self.jobs.values():
             if job.status == OUTCOME_UNKNOWN and self.proves_delivery(job):
-                count("reconciled", self.reconcile(job.tenant, job.id, job.attempt, COMPLETED))
-        return {name: n for name, n in counts.items() if n}
+                if self.reconcile(job.tenant, job.id, job.attempt, COMPLETED):
+                    counts["reconciled"] = counts.get("reconciled", 0) + 1
+        return counts
+
+    def recovery_run(self) -> dict[str, int]:
+        return self.recovery_take_over(self.recovery_scan())
 
     # --- the sweeper ----------------------------------------------------------------------------
 
