@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import copy
 import itertools
-import hashlib
 import os
 import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from uuid import UUID
 
 import psycopg
@@ -37,21 +35,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, get_state_machine_test, initialize, invariant,
                                  multiple, rule)
 
-from app.delivery.destination import Evidence, EvidenceStage, Listing
-from app.maintenance.recovery import Recovery, RecoveryConfig
-from app.store import cancellation, export, recovery, sweeper, worker
+from app.store import recovery, sweeper
 from app.store.database import Database
-from app.store.types import ExpectedFile, FailureCode, Role, Status
+from app.store.types import FailureCode, Role
 from tests.conftest import IN_CI
 from tests.factories import Seeder
 from tests.integration.model import database
 from tests.integration.model.reference import (COMPLETED, DELIVERING, FAILED, OUTCOME_UNKNOWN, QUEUED,
                                                REPLACEABLE_FAILURES, RUNNING, SWEEP_AFTER_MINUTES, Job, Model)
+from tests.integration.model.writes import MAX_ATTEMPTS, Click, Env, Op, Worker, Writes
 
-MAX_ATTEMPTS = 2
-#: Long enough that no lease expires by itself during a run: only the ``expire`` rule ages one.
-LEASE_SECONDS = 600.0
-FILE_SIZE = 123
 OPERATORS = ("dana", "erin")
 WORKERS = ("worker-1", "worker-2")
 CODES = tuple(code.value for code in FailureCode)
@@ -126,69 +119,6 @@ SETTINGS = settings(
 )
 
 
-def expected_file(key: str, attempt: UUID) -> ExpectedFile:
-    """The file an attempt builds: a rebuild can differ, so its hash is the attempt's own."""
-    return ExpectedFile(export.final_name(key), FILE_SIZE, hashlib.sha256(attempt.bytes).digest())
-
-
-def receipt(key: str, attempt: UUID, proves: bool) -> str:
-    """A receipt the attempt appends: of its own file (name, size and checksum), or of a file whose
-    size contradicts it."""
-    wanted = expected_file(key, attempt)
-    listing = Listing(wanted.name, present=True, size=wanted.size if proves else wanted.size + 1,
-                      sha256=wanted.sha256, hash_source="check-file-name")
-    return Evidence(EvidenceStage.RECEIPT, listing, str(attempt)).to_detail()
-
-
-@dataclass
-class Worker:
-    """A worker process: its pool, and what it believes about the jobs it touched."""
-
-    name: str
-    db: Database
-    attempts: dict[UUID, UUID] = field(default_factory=dict)
-    versions: dict[UUID, int] = field(default_factory=dict)
-
-
-
-@dataclass
-class Env:
-    """The resources one test gives every example: connections under the restricted roles."""
-
-    admin: psycopg.Connection
-    seeder: Seeder
-    operator: psycopg.Connection
-    operator_tab: psycopg.Connection
-    reconciler: psycopg.Connection
-    maintenance: psycopg.Connection
-    worker_dbs: dict[str, Database]
-    recovery_db: Database
-
-
-@dataclass
-class Op:
-    """One write by one actor: ``run`` makes it for real and answers in the model's words, ``predict``
-    makes it on a model, ``after`` is the actor's own bookkeeping once it has the answer."""
-
-    actor: str
-    label: str
-    run: Callable[[], object]
-    predict: Callable[[Model], object]
-    after: Callable[[object], None] = lambda answer: None
-    #: For a writer in two steps another writer can come between (cutoff 2 and the re-read that
-    #: explains a refusal; recovery's scan and its takeovers): makes the first step on a model and
-    #: answers None when that finished the op, else the rest, which answers from a later model.
-    split: Callable[[Model], Callable[[Model], object] | None] | None = None
-
-
-@dataclass(frozen=True)
-class Click:
-    tenant: UUID
-    job: UUID
-    request_id: UUID
-    operator: str
-
-
 class ProtocolMachine(RuleBasedStateMachine):
     jobs = Bundle("jobs")
     clicks = Bundle("clicks")
@@ -209,14 +139,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.nominations: list[tuple[UUID, UUID]] = []
         # Ids and keys counted, not random: a rerun of the same steps makes the same choices.
         self._ids = itertools.count(1)
+        self.writes = Writes(env, lambda: self.model, self._new_id)
         self.transitions = database.Transitions()
 
     def _new_id(self) -> UUID:
         return UUID(int=next(self._ids))
-
-    def _attempt(self, w: Worker, job_id: UUID) -> UUID:
-        """The attempt the worker holds for the job, or one that never claimed anything."""
-        return w.attempts.get(job_id) or self._new_id()
 
     # --- running a write --------------------------------------------------------------------------
 
@@ -234,194 +161,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         problems = database.differences(now, self.model) + self.transitions.violations(now)
         assert not problems, "\n".join(problems)
 
-    def _job(self, job_id: UUID):
+    def _job(self, job_id: UUID) -> Job:
         return self.model.jobs[job_id]
 
     def _other_tenant(self, tenant: UUID) -> UUID:
         return next(t for t in self.tenants if t != tenant)
 
-    # --- the operator's writes --------------------------------------------------------------------
-
-    def _create(self, job_id: UUID, tenant: UUID, destination: UUID, key: str) -> Op:
-        def run():
-            return export.create(self.env.operator, job_id=job_id, tenant_id=tenant, destination_id=destination,
-                                 delivery_key=key, created_by="dana").value
-        return Op("operator", "create", run, lambda m: m.create(job_id, tenant, destination, key))
-
-    def _replace(self, conn: psycopg.Connection, new_id: UUID, tenant: UUID, original: UUID,
-                 actor: str = "operator") -> Op:
-        def run():
-            return export.create_replacement(conn, job_id=new_id, tenant_id=tenant, original_job_id=original,
-                                             created_by="dana", replacement_reason="the partner lost it").value
-        return Op(actor, "replace", run, lambda m: m.create_replacement(new_id, tenant, original))
-
-    def _edit(self, conn: psycopg.Connection, tenant: UUID, job_id: UUID, version: int, destination: UUID,
-              actor: str = "operator") -> Op:
-        def run():
-            return export.edit_terms(conn, tenant_id=tenant, job_id=job_id, expected_version=version,
-                                     destination_id=destination).result.value
-        return Op(actor, f"edit v{version}", run, lambda m: m.edit(tenant, job_id, version, destination))
-
-    def _cancel(self, conn: psycopg.Connection, click: Click, actor: str = "operator") -> Op:
-        def run():
-            result = cancellation.request_cancellation(conn, tenant_id=click.tenant, job_id=click.job,
-                                                       request_id=click.request_id, requested_by=click.operator)
-            return result.reply.value, result.outcome.value if result.outcome else None
-        return Op(actor, "cancel", run,
-                  lambda m: m.cancel(click.tenant, click.job, click.request_id, click.operator))
-
-    def _reconcile(self, conn: psycopg.Connection, job_id: UUID, attempt: UUID | None, resolution: str,
-                   actor: str = "operator") -> Op:
-        tenant = self._job(job_id).tenant
-
-        def run():
-            if attempt is None:
-                return False
-            return export.reconcile(conn, tenant_id=tenant, job_id=job_id, attempt_id=attempt,
-                                    resolution=Status(resolution), evidence="the partner's report",
-                                    reconciled_by="rita")
-        return Op(actor, f"reconcile to {resolution}", run, lambda m: m.reconcile(tenant, job_id, attempt, resolution))
-
-    def _correct(self, conn: psycopg.Connection, job_id: UUID, attempt: UUID | None, recorded: str,
-                 actor: str = "reconciler") -> Op:
-        tenant = self._job(job_id).tenant
-        corrected = FAILED if recorded == COMPLETED else COMPLETED
-        code = "NotDelivered" if corrected == FAILED else None
-
-        def run():
-            if attempt is None:
-                return False
-            return export.correct(conn, tenant_id=tenant, job_id=job_id, attempt_id=attempt,
-                                  recorded_status=Status(recorded), corrected_status=Status(corrected),
-                                  failure_reason=FailureCode(code) if code else None, evidence_ref="ticket-7",
-                                  why="the partner confirmed", corrected_by="rita")
-        return Op(actor, f"correct {recorded} to {corrected}", run,
-                  lambda m: m.correct(tenant, job_id, attempt, recorded, corrected, code))
-
-    # --- a worker's writes ------------------------------------------------------------------------
-
-    def _read(self, w: Worker, job_id: UUID) -> int:
-        with w.db.connection() as conn:
-            view = worker.read_job(conn, job_id)
-        job = self._job(job_id)
-        assert (view.status.value, view.version) == (job.status, job.version), f"{w.name} read {view}"
-        w.versions[job_id] = view.version
-        return view.version
-
-    def _claim(self, w: Worker, job_id: UUID, version: int) -> Op:
-        attempt = self._new_id()
-
-        def run():
-            return export.claim(w.db, job_id=job_id, checked_version=version, attempt_id=attempt, worker_id=w.name,
-                                lease_seconds=LEASE_SECONDS).value
-
-        def after(answer):
-            if answer == "Claimed":
-                w.attempts[job_id] = attempt
-        return Op(w.name, f"claim v{version}", run, lambda m: m.claim(job_id, version, attempt), after)
-
-    def _authorize(self, w: Worker, job_id: UUID) -> Op:
-        job, attempt = self._job(job_id), self._attempt(w, job_id)
-
-        def run():
-            return export.authorize_delivery(w.db, job_id=job_id, tenant_id=job.tenant, attempt_id=attempt,
-                                             expected=expected_file(job.key, attempt),
-                                             replaces_job_id=job.original).value
-        def split(m: Model):
-            before = m.jobs[job_id].status
-            m.authorize(job_id, attempt)
-            return None if m.jobs[job_id].status != before else (lambda later: later.authorize_reread(job_id, attempt))
-        return Op(w.name, "authorize", run, lambda m: m.authorize(job_id, attempt), split=split)
-
-    def _renew(self, w: Worker, job_id: UUID) -> Op:
-        attempt = self._attempt(w, job_id)
-
-        def run():
-            with w.db.connection() as conn:
-                return export.renew_lease(conn, job_id=job_id, attempt_id=attempt, lease_seconds=LEASE_SECONDS).value
-        return Op(w.name, "renew", run, lambda m: m.renew(job_id, attempt))
-
-    def _finish_stopped(self, w: Worker, job_id: UUID) -> Op:
-        attempt = self._attempt(w, job_id)
-
-        def run():
-            return export.finish_stopped(w.db, job_id=job_id, attempt_id=attempt, worker_id=w.name,
-                                         stop_point="WhileBuilding").value
-        return Op(w.name, "finish stopped", run, lambda m: m.finish_stopped(job_id, attempt))
-
-    def _finish_failed(self, w: Worker, job_id: UUID, code: str) -> Op:
-        attempt = self._attempt(w, job_id)
-
-        def run():
-            return export.finish_failed(w.db, job_id=job_id, attempt_id=attempt, worker_id=w.name,
-                                        failure_reason=FailureCode(code)).value
-        return Op(w.name, f"finish failed {code}", run, lambda m: m.finish_failed(job_id, attempt, code))
-
-    def _finish_delivery(self, w: Worker, job_id: UUID, outcome: str, code: str | None) -> Op:
-        attempt = self._attempt(w, job_id)
-        code = code if outcome == FAILED else None
-
-        def run():
-            return export.finish_delivery(w.db, job_id=job_id, attempt_id=attempt, worker_id=w.name,
-                                          outcome=Status(outcome),
-                                          failure_reason=FailureCode(code) if code else None).value
-        return Op(w.name, f"finish delivery {outcome} {code or ''}", run,
-                  lambda m: m.finish_delivery(job_id, attempt, outcome, code))
-
-    def _evidence(self, w: Worker, job_id: UUID, proves: bool) -> Op:
-        job, attempt = self._job(job_id), self._attempt(w, job_id)
-
-        def run():
-            with w.db.connection() as conn:
-                return export.append_evidence(conn, job_id=job_id, attempt_id=attempt, observed_by=w.name,
-                                              detail=receipt(job.key, attempt, proves))
-        return Op(w.name, "append evidence", run, lambda m: m.append_evidence(job_id, attempt, proves))
-
-    def _reject(self, w: Worker, job_id: UUID, version: int) -> Op:
-        def run():
-            with w.db.connection() as conn:
-                return export.reject(conn, job_id=job_id, checked_version=version)
-        return Op(w.name, f"reject v{version}", run, lambda m: m.reject(job_id, version))
-
-    # --- recovery's writes ------------------------------------------------------------------------
-
-    def _takeover(self, kind: str, job_id: UUID, attempt: UUID) -> Op:
-        conn = self.env.maintenance
-        common = dict(job_id=job_id, expired_attempt_id=attempt, recovery_run_id="model-run")
-        job = self._job(job_id)
-        resolution = COMPLETED if Model.proves_delivery(job, attempt) else OUTCOME_UNKNOWN
-        if kind == "resolve as Failed":
-            resolution = FAILED
-        runs = {
-            "requeue": lambda: recovery.requeue_expired(conn, max_attempts=MAX_ATTEMPTS, **common),
-            "stop": lambda: recovery.stop_expired(conn, **common),
-            "exhaust": lambda: recovery.exhaust_expired(conn, max_attempts=MAX_ATTEMPTS, **common),
-            "resolve": lambda: recovery.resolve_delivering(conn, resolution=Status(resolution),
-                                                           evidence_summary="model", **common),
-        }
-        predictions = {
-            "requeue": lambda m: m.requeue_expired(job_id, attempt),
-            "stop": lambda m: m.stop_expired(job_id, attempt),
-            "exhaust": lambda m: m.exhaust_expired(job_id, attempt),
-            "resolve": lambda m: m.resolve_delivering(job_id, attempt, resolution),
-        }
-        base = "resolve" if kind.startswith("resolve") else kind
-        return Op("recovery", f"{kind} ({resolution})" if base == "resolve" else kind, runs[base], predictions[base])
-
-    def _decided_takeover(self, job_id: UUID) -> Op:
-        """The takeover recovery's rules pick for the job's current attempt, as a scan would nominate it."""
-        job = self._job(job_id)
-        if job.status == DELIVERING:
-            kind = "resolve"
-        elif job.stop_request is not None:
-            kind = "stop"
-        elif job.attempt_count < MAX_ATTEMPTS:
-            kind = "requeue"
-        else:
-            kind = "exhaust"
-        return self._takeover(kind, job_id, job.attempt or self._new_id())
-
     def _expire(self, job_id: UUID) -> None:
+        """A worker paused past its lease: only the owner may write the past."""
         self.env.seeder.expire_lease(self._job(job_id))
         self._job(job_id).lease = "expired"
 
@@ -439,8 +186,6 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # --- rules: the operator ----------------------------------------------------------------------
 
-    # --- rules: the operator ----------------------------------------------------------------------
-
     @initialize(target=jobs)
     def jobs_in_every_state(self):
         """Six exports, taken through the real writes (each checked against the model) to Queued,
@@ -451,20 +196,20 @@ class ProtocolMachine(RuleBasedStateMachine):
         created = []
         for path in ("queued", "running", "delivering", "unknown", "failed", "completed"):
             job = self._new_id()
-            self._do(self._create(job, tenant, self.tenant_destinations[tenant][0], f"key-{next(self._ids)}"))
+            self._do(self.writes.create(job, tenant, self.tenant_destinations[tenant][0], f"key-{next(self._ids)}"))
             created.append(job)
             w = w2 if path in ("delivering", "completed") else w1
             if path != "queued":
-                self._do(self._claim(w, job, self._read(w, job)))
+                self._do(self.writes.claim(w, job, self.writes.read(w, job)))
             if path in ("delivering", "unknown", "completed"):
-                self._do(self._authorize(w, job))
+                self._do(self.writes.authorize(w, job))
             if path == "unknown":
-                self._do(self._finish_delivery(w, job, OUTCOME_UNKNOWN, None))
+                self._do(self.writes.finish_delivery(w, job, OUTCOME_UNKNOWN, None))
             elif path == "completed":
-                self._do(self._evidence(w, job, proves=True))
-                self._do(self._finish_delivery(w, job, COMPLETED, None))
+                self._do(self.writes.evidence(w, job, proves=True))
+                self._do(self.writes.finish_delivery(w, job, COMPLETED, None))
             elif path == "failed":
-                self._do(self._finish_failed(w, job, "BuildFailed"))
+                self._do(self.writes.finish_failed(w, job, "BuildFailed"))
         return multiple(*created)
 
     @rule(target=jobs, which=st.integers(0, 1), key=st.sampled_from(["fresh", "taken", "another tenant's"]),
@@ -476,7 +221,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         delivery_key = keys[0] if keys else f"key-{next(self._ids)}"
         owner = tenant if own_destination else self._other_tenant(tenant)
         job_id = self._new_id()
-        answer = self._do(self._create(job_id, tenant, self.tenant_destinations[owner][0], delivery_key))
+        answer = self._do(self.writes.create(job_id, tenant, self.tenant_destinations[owner][0], delivery_key))
         return job_id if answer == "Created" else multiple()
 
     @rule(job=jobs, of_replacement=st.booleans(), own_tenant=st.booleans())
@@ -484,8 +229,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         """A replacement of the original, or (refused) of a replacement or from another tenant."""
         original = self._target(job, of_replacement)
         tenant = self._job(original).tenant
-        self._do(self._replace(self.env.operator, self._new_id(), tenant if own_tenant else self._other_tenant(tenant),
-                               original))
+        by = tenant if own_tenant else self._other_tenant(tenant)
+        self._do(self.writes.replace(self.env.operator, self._new_id(), by, original))
 
     @rule(job=jobs, replacement=st.booleans(),
           how=st.sampled_from(["as read", "with a stale version", "to another tenant's destination"]))
@@ -494,7 +239,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         owner = self._other_tenant(model_job.tenant) if how == "to another tenant's destination" else model_job.tenant
         destination = next(d for d in self.tenant_destinations[owner] if d != model_job.destination)
         version = model_job.version - int(how == "with a stale version")
-        self._do(self._edit(self.env.operator, model_job.tenant, model_job.id, version, destination))
+        self._do(self.writes.edit(self.env.operator, model_job.tenant, model_job.id, version, destination))
 
     @rule(target=clicks, job=jobs, replacement=st.booleans(), operator=st.sampled_from(OPERATORS),
           own_tenant=st.sampled_from([True, True, True, False]))
@@ -502,7 +247,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         job = self._target(job, replacement)
         tenant = self._job(job).tenant
         click = Click(tenant if own_tenant else self._other_tenant(tenant), job, self._new_id(), operator)
-        self._do(self._cancel(self.env.operator, click))
+        self._do(self.writes.cancel(self.env.operator, click))
         return click
 
     @rule(click=clicks, how=st.sampled_from(["again", "again from the other tab", "for another job",
@@ -517,26 +262,31 @@ class ProtocolMachine(RuleBasedStateMachine):
         elif how == "by another operator":
             click = Click(click.tenant, click.job, click.request_id, next(o for o in OPERATORS if o != click.operator))
         first = self.model.requests.get((click.tenant, click.request_id))
-        answer = self._do(self._cancel(self.env.operator_tab if how.endswith("tab") else self.env.operator, click))
+        tab = self.env.operator_tab if how.endswith("tab") else self.env.operator
+        answer = self._do(self.writes.cancel(tab, click))
         if first is not None and (first.job, first.requested_by) == (click.job, click.operator):
             assert answer == ("Recorded", first.outcome), f"a double click answered {answer}, first {first.outcome}"
 
     @rule(job=jobs, replacement=st.booleans(),
           write=st.sampled_from(["reconcile to Completed", "reconcile to Failed", "reconcile a stale attempt",
-                                 "correct", "correct a stale attempt", "correct as the app role"]))
+                                 "reconcile as the reconciliation operator", "correct", "correct a stale attempt",
+                                 "correct as the app role"]))
     def reconcile_or_correct(self, job, replacement, write):
+        """The operator's reconciliation of an OutcomeUnknown, and a reconciliation operator's
+        correction of a recorded Completed or Failed (refused to the app's role by the database)."""
         model_job = self._job(self._target(job, replacement))
         attempt = self._new_id() if "stale" in write else model_job.attempt
         if write.startswith("reconcile"):
-            self._do(self._reconcile(self.env.operator, model_job.id, attempt,
-                                     FAILED if write.endswith("Failed") else COMPLETED))
+            conn = self.env.reconciler if write.endswith("operator") else self.env.operator
+            resolution = FAILED if write.endswith("Failed") else COMPLETED
+            self._do(self.writes.reconcile(conn, model_job.id, attempt, resolution))
             return
         recorded = model_job.status if model_job.status in (COMPLETED, FAILED) else COMPLETED
         if write != "correct as the app role":
-            self._do(self._correct(self.env.reconciler, model_job.id, attempt, recorded))
+            self._do(self.writes.correct(self.env.reconciler, model_job.id, attempt, recorded))
             return
         # The worker's and the API's role may not correct: the database refuses the change itself.
-        op = self._correct(self.env.operator, model_job.id, attempt, recorded, actor="operator")
+        op = self.writes.correct(self.env.operator, model_job.id, attempt, recorded, actor="operator")
         try:
             answer = op.run()
         except psycopg.errors.InsufficientPrivilege:
@@ -561,17 +311,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         job was edited, taken over, ended, or never claimed by it."""
         w, job = self.workers[name], self._target(job, replacement)
         ops: dict[str, Callable[[], Op]] = {
-            "claim as read earlier": lambda: self._claim(w, job, w.versions.get(job) or self._read(w, job)),
-            "reject": lambda: self._reject(w, job, w.versions.get(job) or self._read(w, job)),
-            "authorize": lambda: self._authorize(w, job),
-            "renew": lambda: self._renew(w, job),
-            "finish stopped": lambda: self._finish_stopped(w, job),
-            "finish failed": lambda: self._finish_failed(w, job, code),
-            "finish delivery": lambda: self._finish_delivery(w, job, outcome, code),
-            "append evidence": lambda: self._evidence(w, job, proves),
+            "claim as read earlier": lambda: self.writes.claim(w, job, w.versions.get(job) or self.writes.read(w, job)),
+            "reject": lambda: self.writes.reject(w, job, w.versions.get(job) or self.writes.read(w, job)),
+            "authorize": lambda: self.writes.authorize(w, job),
+            "renew": lambda: self.writes.renew(w, job),
+            "finish stopped": lambda: self.writes.finish_stopped(w, job),
+            "finish failed": lambda: self.writes.finish_failed(w, job, code),
+            "finish delivery": lambda: self.writes.finish_delivery(w, job, outcome, code),
+            "append evidence": lambda: self.writes.evidence(w, job, proves),
         }
         if write == "read":
-            self._read(w, job)
+            self.writes.read(w, job)
         else:
             self._do(ops[write]())
 
@@ -583,21 +333,21 @@ class ProtocolMachine(RuleBasedStateMachine):
         when the lease lapsed), then the delivery's evidence and terminal write, or the stop."""
         w, job = self.workers[name], self._target(job, replacement)
         if job not in w.attempts:
-            self._do(self._claim(w, job, self._read(w, job)))
+            self._do(self.writes.claim(w, job, self.writes.read(w, job)))
             return
-        answer = self._do(self._authorize(w, job))
+        answer = self._do(self.writes.authorize(w, job))
         if answer == "LeaseLapsed":
             # Still the owner, only late, if the renewal changes the row: then one retry.
-            renewed = self._do(self._renew(w, job)) == "Renewed"
-            answer = self._do(self._authorize(w, job)) if renewed else "NotOwner"
+            renewed = self._do(self.writes.renew(w, job)) == "Renewed"
+            answer = self._do(self.writes.authorize(w, job)) if renewed else "NotOwner"
         if answer == "Authorized":
             if receipt != "none":
-                self._do(self._evidence(w, job, receipt == "of its own file"))
-            self._do(self._finish_delivery(w, job, outcome, code))
+                self._do(self.writes.evidence(w, job, receipt == "of its own file"))
+            self._do(self.writes.finish_delivery(w, job, outcome, code))
         elif answer == "StopRecorded":
-            self._do(self._finish_stopped(w, job))
+            self._do(self.writes.finish_stopped(w, job))
         elif answer == "OriginalCompleted":
-            self._do(self._finish_failed(w, job, "OriginalDelivered"))
+            self._do(self.writes.finish_failed(w, job, "OriginalDelivered"))
         if answer != "LeaseLapsed":
             del w.attempts[job]
 
@@ -632,47 +382,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.nominations.extend(sorted((e.job_id, e.attempt_id) for e in found))
         elif what == "take over":
             if self.nominations:
-                self._do(self._takeover(kind, *self.nominations[-1 - index % len(self.nominations)]))
+                self._do(self.writes.takeover(kind, *self.nominations[-1 - index % len(self.nominations)]))
         else:
-            self._do(self._recovery_run())
+            self._do(self.writes.recovery_run())
         self._check()
-
-    def _recovery_run(self) -> Op:
-        """Recovery's whole run (the destination is not inspected: only appended evidence counts)."""
-        def run():
-            counts = Recovery(self.env.recovery_db, RecoveryConfig(max_attempts=MAX_ATTEMPTS),
-                              inspect_destination=lambda job: None).run_once()
-            return {name: n for name, n in counts.as_fields().items() if n and name != "scanned"}
-
-        def split(m: Model):
-            nominations = m.recovery_scan()
-            return (lambda later: later.recovery_take_over(nominations)) if nominations else None
-        return Op("recovery", "run recovery", run, lambda m: m.recovery_run(), split=split)
 
     # --- two writers at once ----------------------------------------------------------------------
 
     def _owner(self, job_id: UUID) -> Worker | None:
         attempt = self._job(job_id).attempt
         return next((w for w in self.workers.values() if attempt and w.attempts.get(job_id) == attempt), None)
-
-    def _late_authorize(self, w: Worker, job_id: UUID) -> Op:
-        """A worker paused past its lease: it renews (which works only while no takeover has
-        committed) and retries cutoff 2."""
-        renew, authorize = self._renew(w, job_id), self._authorize(w, job_id)
-
-        def run():
-            renewed = renew.run()
-            return renewed, authorize.run() if renewed == "Renewed" else None
-
-        def predict(m: Model):
-            renewed = renew.predict(m)
-            return renewed, authorize.predict(m) if renewed == "Renewed" else None
-
-        def split(m: Model):
-            renewed = renew.predict(m)
-            reread = authorize.split(m) if renewed == "Renewed" else None
-            return None if reread is None else (lambda later: (renewed, reread(later)))
-        return Op(w.name, "renew then authorize", run, predict, split=split)
 
     def _race(self, kind: str, w: Worker, job_id: UUID) -> tuple[Op, Op]:
         """The two contending writes of a race, built for the job as it is now."""
@@ -681,28 +400,28 @@ class ProtocolMachine(RuleBasedStateMachine):
         click = Click(job.tenant, job_id, self._new_id(), OPERATORS[0])
         base = self._job(job.original) if job.original else job
         builders: dict[str, Callable[[], Op]] = {
-            "claim": lambda: self._claim(w, job_id, self._read(w, job_id)),
-            "other claim": lambda: self._claim(other_worker, job_id, self._read(other_worker, job_id)),
-            "cancel": lambda: self._cancel(self.env.operator, click),
+            "claim": lambda: self.writes.claim(w, job_id, self.writes.read(w, job_id)),
+            "other claim": lambda: self.writes.claim(other_worker, job_id, self.writes.read(other_worker, job_id)),
+            "cancel": lambda: self.writes.cancel(self.env.operator, click),
             # The same click from a second tab at the same moment.
-            "cancel again": lambda: self._cancel(self.env.operator_tab, click, actor="operator tab"),
-            "edit": lambda: self._edit(self.env.operator_tab, job.tenant, job_id, job.version,
+            "cancel again": lambda: self.writes.cancel(self.env.operator_tab, click, actor="operator tab"),
+            "edit": lambda: self.writes.edit(self.env.operator_tab, job.tenant, job_id, job.version,
                                        next(d for d in self.tenant_destinations[job.tenant] if d != job.destination),
                                        actor="operator tab"),
-            "authorize": lambda: self._authorize(w, job_id),
-            "renew then authorize": lambda: self._late_authorize(w, job_id),
-            "renew": lambda: self._renew(w, job_id),
-            "finish": lambda: (self._finish_delivery(w, job_id, COMPLETED, None) if job.status == DELIVERING
-                               else self._finish_failed(w, job_id, "BuildFailed")),
-            "stop": lambda: self._finish_stopped(w, job_id),
-            "takeover": lambda: self._decided_takeover(job_id),
-            "recovery run": self._recovery_run,
-            "correct original": lambda: self._correct(self.env.reconciler, base.id, base.attempt,
+            "authorize": lambda: self.writes.authorize(w, job_id),
+            "renew then authorize": lambda: self.writes.late_authorize(w, job_id),
+            "renew": lambda: self.writes.renew(w, job_id),
+            "finish": lambda: (self.writes.finish_delivery(w, job_id, COMPLETED, None) if job.status == DELIVERING
+                               else self.writes.finish_failed(w, job_id, "BuildFailed")),
+            "stop": lambda: self.writes.finish_stopped(w, job_id),
+            "takeover": lambda: self.writes.decided_takeover(job_id),
+            "recovery run": self.writes.recovery_run,
+            "correct original": lambda: self.writes.correct(self.env.reconciler, base.id, base.attempt,
                                                       base.status if base.status in (COMPLETED, FAILED) else FAILED),
-            "replace": lambda: self._replace(self.env.operator_tab, self._new_id(), base.tenant, base.id,
+            "replace": lambda: self.writes.replace(self.env.operator_tab, self._new_id(), base.tenant, base.id,
                                              actor="operator tab"),
-            "other replace": lambda: self._replace(self.env.operator, self._new_id(), base.tenant, base.id),
-            "reconcile original": lambda: self._reconcile(self.env.operator, base.id, base.attempt, COMPLETED),
+            "other replace": lambda: self.writes.replace(self.env.operator, self._new_id(), base.tenant, base.id),
+            "reconcile original": lambda: self.writes.reconcile(self.env.operator, base.id, base.attempt, COMPLETED),
         }
         first, second, _, _ = RACES[kind]
         return builders[first](), builders[second]()
