@@ -29,7 +29,7 @@ from app.delivery.evidence import Evidence, EvidenceStage, Listing
 from app.delivery.verdicts import DeliveryVerdict, Resolution, decide_delivery, expected_file, parse_evidence
 from app.store import directory, export, recovery
 from app.store.database import Database
-from app.store.recovery import ExpiredAttempt, UnknownOutcome
+from app.store.recovery import ExpiredAttempt, InspectionClaim, UnknownOutcome
 from app.store.types import Status
 
 log = logs.get(__name__)
@@ -99,7 +99,7 @@ class RecoveryCounts:
     outcome_unknown: int = 0
     #: Takeovers that matched nothing: a renewal, another scheduler or the worker got there first.
     not_matched: int = 0
-    #: Expired deliveries another scheduler was inspecting (or had resolved) when this one came to them.
+    #: Expired deliveries another scheduler was inspecting when this one came to them.
     claimed_elsewhere: int = 0
     #: OutcomeUnknown jobs reconciled to Completed from appended evidence.
     reconciled: int = 0
@@ -197,9 +197,11 @@ class Recovery:
         True when it left the expired set or another scheduler has it."""
         try:
             with self.db.connection() as conn:
-                if not recovery.claim_inspection(conn, job_id=job.job_id, attempt_id=job.attempt_id):
-                    # Another scheduler is inspecting it, or has resolved it since the scan.
-                    counts["claimed_elsewhere"] += 1
+                claim = recovery.claim_inspection(conn, job_id=job.job_id, attempt_id=job.attempt_id)
+                if claim is not InspectionClaim.CLAIMED:
+                    # Another scheduler is inspecting it; or, like a takeover that matched nothing, it was
+                    # renewed, finished or resolved since the scan.
+                    counts["claimed_elsewhere" if claim is InspectionClaim.HELD_ELSEWHERE else "not_matched"] += 1
                     return True
                 try:
                     verdict = self._weigh_delivery(conn, job, run_id)

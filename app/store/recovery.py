@@ -6,6 +6,7 @@ True only when its own conditional write (and its event) committed.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,17 +127,23 @@ def _bytes(value: Any) -> bytes | None:
 INSPECTION_LOCK_CLASS = 0x65787069   # "expi"
 
 
-def claim_inspection(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID) -> bool:
-    """True when this session now holds the attempt's inspection and the attempt still needs it
-    (Delivering, expired). Hold ``conn`` until the resolution is written, then ``release_inspection``."""
+class InspectionClaim(enum.Enum):
+    CLAIMED = "Claimed"              # this session holds it, and the attempt still needs it
+    HELD_ELSEWHERE = "HeldElsewhere"  # another scheduler is inspecting it now
+    MOVED_ON = "MovedOn"             # no longer an expired delivery: renewed, finished or resolved since the scan
+
+
+def claim_inspection(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID) -> InspectionClaim:
+    """Takes the attempt's inspection for this session. When CLAIMED, hold ``conn`` until the resolution
+    is written, then ``release_inspection``; otherwise nothing is held."""
     key = dict(lock_class=INSPECTION_LOCK_CLASS, attempt_id=attempt_id)
     if not connector.fetch_one(conn, "recovery_claim_inspection", key)["claimed"]:  # type: ignore[index]
-        return False
+        return InspectionClaim.HELD_ELSEWHERE
     row = connector.fetch_one(conn, "recovery_still_expired_delivering", dict(job_id=job_id, attempt_id=attempt_id))
     if row is not None and row["expired"]:
-        return True
+        return InspectionClaim.CLAIMED
     release_inspection(conn, attempt_id=attempt_id)
-    return False
+    return InspectionClaim.MOVED_ON
 
 
 def release_inspection(conn: psycopg.Connection, *, attempt_id: UUID) -> None:

@@ -258,10 +258,15 @@ class Writes:
         resolution = COMPLETED if Model.proves_delivery(job, attempt) else OUTCOME_UNKNOWN
         if kind == "resolve as Failed":
             resolution = FAILED
+        # The Running takeovers take a batch of nominations; the model's one takes one, and one job
+        # taken over is one True.
+        nominated = [(job_id, attempt)]
         runs = {
-            "requeue": lambda: recovery.requeue_expired(conn, max_attempts=MAX_ATTEMPTS, **common),
-            "stop": lambda: recovery.stop_expired(conn, **common),
-            "exhaust": lambda: recovery.exhaust_expired(conn, max_attempts=MAX_ATTEMPTS, **common),
+            "requeue": lambda: bool(recovery.requeue_expired(conn, nominated, max_attempts=MAX_ATTEMPTS,
+                                                             recovery_run_id="model-run")),
+            "stop": lambda: bool(recovery.stop_expired(conn, nominated, recovery_run_id="model-run")),
+            "exhaust": lambda: bool(recovery.exhaust_expired(conn, nominated, max_attempts=MAX_ATTEMPTS,
+                                                             recovery_run_id="model-run")),
             "resolve": lambda: recovery.resolve_delivering(conn, resolution=Status(resolution),
                                                            evidence_summary="model", **common),
         }
