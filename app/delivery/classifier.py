@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Union
 
 import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
 
 from app.delivery.credentials import redact as redact_secrets
 from app.delivery.errors import CredentialError, HostKeyMismatch
@@ -145,11 +146,12 @@ def cause_of(exc: BaseException) -> FailureCause:
     if isinstance(exc, (HostKeyMismatch, paramiko.BadHostKeyException, paramiko.AuthenticationException,
                         CredentialError)):
         return FailureCause.CONFIGURATION
+    if isinstance(exc, (NoValidConnectionsError, ConnectionError, TimeoutError, EOFError, paramiko.SSHException)):
+        return FailureCause.TRANSIENT
     if is_status_reply(exc):
         return FailureCause.PERMANENT
-    if isinstance(exc, (OSError, EOFError, paramiko.SSHException, socket.timeout, TimeoutError)):
-        return FailureCause.TRANSIENT
-    return FailureCause.PERMANENT
+    # Any other socket error (no route, network down) carries its errno.
+    return FailureCause.TRANSIENT if isinstance(exc, OSError) else FailureCause.PERMANENT
 
 
 def is_status_reply(exc: BaseException) -> bool:
