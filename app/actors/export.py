@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import Callable
+from collections.abc import Callable
 from uuid import UUID
 
 import dramatiq
@@ -38,8 +38,8 @@ from app.actors.policy import ExportPolicy
 from app.actors.runner import ExportRunner, RunOutcome, RunResult
 from app.actors.slots import DatabaseSlots
 from app.actors.watcher import StopWatcher
-from app.delivery.sessions import SessionPool
 from app.config import Settings, resolve_database_url
+from app.delivery.sessions import SessionPool
 from app.store.database import Database
 from app.store.types import Role
 

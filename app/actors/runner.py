@@ -14,7 +14,6 @@ reversible: one it cannot reach defers the job (``app.actors.deferral``) instead
 from __future__ import annotations
 
 import enum
-import json
 import os
 import socket
 import threading
@@ -31,13 +30,13 @@ from app.actors.lease import LeaseKeeper, Leases
 from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
-from app.delivery.classifier import Completed, DeliveryOutcome, Failed, Stage, Unknown, classify
+from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_write
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination, Ready, Refused, Unreachable
 from app.delivery.errors import EvidenceNotRecorded
 from app.delivery.evidence import Evidence
 from app.delivery.sessions import SessionPool
-from app.store import export, partner
+from app.store import export
 from app.store.database import Database
 from app.store.partner import Circuit
 from app.store.types import (
@@ -146,7 +145,7 @@ class ExportRunner:
                 log.info("runner.rejected", job_id=job.id, version=job.version, refusal=decision.refusal.value,
                          written=rejected)
                 return RunResult(RunOutcome.REJECTED)
-            circuit = self._read_circuit(conn, job)
+            circuit = self.circuits.read(conn, job.destination_id)
 
         # Cutoff 1.
         attempt_id = uuid.uuid4()
@@ -180,14 +179,6 @@ class ExportRunner:
 
     # --- before cutoff 2: reversible ------------------------------------------------------------------
 
-    @staticmethod
-    def _read_circuit(conn, job: JobView) -> Circuit:
-        try:
-            return partner.read_circuit(conn, destination_id=job.destination_id)
-        except Exception as exc:   # the circuit is an economy: without it the attempt asks the partner
-            log.warning("runner.circuit_unread", job_id=job.id, error=type(exc).__name__)
-            return Circuit.closed()
-
     def _prepare(self, job: JobView, decision: Decision, attempt_id: UUID, worker_id: str,
                  keeper: LeaseKeeper, stop: StopSignal, circuit: Circuit) -> Prepared | RunResult:
         """The file and the prepared delivery, only if cutoff 2 is confirmed; otherwise records why not
@@ -196,12 +187,24 @@ class ExportRunner:
         ready: Ready | None = None
         cutoff: AuthorizationResult | None = None
         try:
+            assert decision.scope is not None and decision.destination is not None   # allowed decisions have both
+            destination = self.destination_for(decision.destination)
+            sessions = self.sessions.for_destination(job.destination_id)
             admission = self.circuits.admit(job.destination_id, attempt_id, circuit)
             if not admission.go:
                 # Turned away without building: the circuit says the partner is down.
                 return self._defer(job, attempt_id, worker_id, keeper, cause=CIRCUIT_OPEN,
                                    delay=admission.wait_seconds, reason="circuit_open")
-            assert decision.scope is not None and decision.destination is not None   # allowed decisions have both
+            if admission.probing:
+                # The probe connects before it builds: while the partner stays down, a probe costs a
+                # connection attempt and no build. Its session is kept warm for the delivery.
+                # Anything else it finds (no free slot, a configuration error) the delivery finds again.
+                unreachable = destination.probe(sessions=sessions)
+                if unreachable is not None and unreachable.cause is FailureCause.TRANSIENT \
+                        and not unreachable.session_limit:
+                    self.circuits.failed(job.destination_id, attempt_id, unreachable.detail)
+                    return self._defer(job, attempt_id, worker_id, keeper, cause=unreachable.detail,
+                                       delay=self._backoff(job), reason="unreachable")
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop)
@@ -218,11 +221,10 @@ class ExportRunner:
                 original = read_original_expected(conn, job)
 
             # Reach the partner while the job is Running: a session, the baseline, the decision.
-            preparation = self.destination_for(decision.destination).prepare(
+            preparation = destination.prepare(
                 expected, attempt_id=str(attempt_id), replacement=job.replaces_job_id is not None,
                 replacement_of=original, overwrite_agreed=job.overwrite_agreement_ref is not None,
-                record_evidence=self._recorder(job.id, attempt_id, worker_id),
-                sessions=self.sessions.for_destination(job.destination_id))
+                record_evidence=self._recorder(job.id, attempt_id, worker_id), sessions=sessions)
             was_open = circuit.open or admission.probing
             match preparation:
                 case Unreachable(session_limit=True, detail=detail):
@@ -384,10 +386,10 @@ class ExportRunner:
                 outcome = classify(exc, stage=Stage.UNKNOWN)
                 if not isinstance(exc, Exception):
                     interrupted = exc
-            status, code, detail, cause = _terminal(outcome)
+            status, code, detail, cause = terminal_write(outcome)
             try:
                 self._append_evidence(job.id, attempt_id, f"{worker_id}/{attempt_id}",
-                                      _outcome_detail(outcome, attempt_id))
+                                      outcome_evidence(outcome, attempt_id))
             except Exception as exc:
                 log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id, error=type(exc).__name__)
             metrics.worker().upload_seconds.observe(time.monotonic() - started)
@@ -414,27 +416,3 @@ class ExportRunner:
             if not export.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
                                         detail=detail):
                 raise RuntimeError("delivery evidence was not appended")
-
-
-def _terminal(outcome: DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None, FailureCause | None]:
-    match outcome:
-        case Completed(receipt=receipt):
-            return Status.COMPLETED, None, f"proof={receipt.proof.value}", None
-        case Failed(code=code, detail=detail, cause=cause):
-            return Status.FAILED, code, detail[:300], cause
-        case Unknown(detail=detail):
-            return Status.OUTCOME_UNKNOWN, None, detail[:300], None
-    raise AssertionError(f"unexpected delivery outcome {outcome!r}")
-
-
-def _outcome_detail(outcome: DeliveryOutcome, attempt_id: UUID) -> str:
-    """The attempt's own account of its delivery, kept even when its terminal write matches nothing."""
-    payload: dict[str, object] = {"stage": "outcome", "attempt_id": str(attempt_id), "outcome": outcome.status}
-    match outcome:
-        case Completed(receipt=receipt):
-            payload["receipt"] = json.loads(receipt.to_detail())
-        case Failed(code=code, detail=detail, cause=cause):
-            payload.update(code=code.value, detail=detail, cause=cause.value)
-        case Unknown(detail=detail):
-            payload["detail"] = detail
-    return json.dumps(payload, separators=(",", ":"), sort_keys=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import json
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from app.delivery.credentials import redact as redact_secrets
 from app.delivery.errors import CredentialError, HostKeyMismatch
 from app.delivery.evidence import Listing, Receipt
-from app.store.types import FailureCause, FailureCode
+from app.store.types import FailureCause, FailureCode, Status
 
 #: Longest exception text kept in an outcome's detail, in characters; details land in a text column.
 MAX_DETAIL_CHARS = 300
@@ -85,6 +86,33 @@ class Unknown:
 
 
 DeliveryOutcome = Union[Completed, Failed, Unknown]
+
+def terminal_write(outcome: DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None, FailureCause | None]:
+    """What the attempt's terminal write records for an outcome: the status, the failure code, the
+    detail and, for a Failed, its cause class."""
+    match outcome:
+        case Completed(receipt=receipt):
+            return Status.COMPLETED, None, f"proof={receipt.proof.value}", None
+        case Failed(code=code, detail=detail, cause=cause):
+            return Status.FAILED, code, detail[:MAX_DETAIL_CHARS], cause
+        case Unknown(detail=detail):
+            return Status.OUTCOME_UNKNOWN, None, detail[:MAX_DETAIL_CHARS], None
+    raise AssertionError(f"unexpected delivery outcome {outcome!r}")
+
+
+def outcome_evidence(outcome: DeliveryOutcome, attempt_id: object) -> str:
+    """The attempt's own account of its delivery, appended as evidence even when its terminal write
+    matches nothing."""
+    payload: dict[str, object] = {"stage": "outcome", "attempt_id": str(attempt_id), "outcome": outcome.status}
+    match outcome:
+        case Completed(receipt=receipt):
+            payload["receipt"] = json.loads(receipt.to_detail())
+        case Failed(code=code, detail=detail, cause=cause):
+            payload.update(code=code.value, detail=detail, cause=cause.value)
+        case Unknown(detail=detail):
+            payload["detail"] = detail
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True)
+
 
 # Stages at which no request that writes anything had been sent.
 _NOTHING_WRITTEN = frozenset({Stage.CONNECT, Stage.BASELINE})

@@ -118,6 +118,23 @@ class Destination:
 
     # -- before cutoff 2 ------------------------------------------------------------------------
 
+    def probe(self, *, sessions: SessionSource | None = None) -> Unreachable | None:
+        """Whether the partner can be reached now: opens a session and gives it back (kept warm where the
+        pool keeps one, for the delivery that follows). None when it connected."""
+        source = sessions or FreshSessions()
+        try:
+            credential = self._credential()
+        except CredentialError as exc:
+            return Unreachable(FailureCause.CONFIGURATION, describe(exc))
+        try:
+            held = source.open(self.config, self._pinned, credential)
+        except SessionLimitReached as exc:
+            return Unreachable(FailureCause.TRANSIENT, describe(exc), session_limit=True)
+        except Exception as exc:
+            return Unreachable(cause_of(exc), f"connecting: {describe(exc, redact=credential.redactions())}")
+        source.give_back(held, reusable=True)
+        return None
+
     def prepare(self, expected: ExpectedFile, *, attempt_id: str, replacement: bool = False,
                 replacement_of: ExpectedFile | None = None, overwrite_agreed: bool = False,
                 record_evidence: RecordEvidence, sessions: SessionSource | None = None) -> Preparation:

@@ -36,7 +36,8 @@ def test_a_deferral_returns_the_attempt_to_queued_with_its_event_and_a_wake_up_d
     assert _defer(seed, job, delay=90.0) == 1
 
     row = seed.row(job)
-    assert (row["status"], row["attempt_id"], row["claimed_by"], row["lease_expires_at"]) == ("Queued", None, None, None)
+    assert (row["status"], row["attempt_id"], row["claimed_by"], row["lease_expires_at"]) == (
+        "Queued", None, None, None)
     assert (row["attempt_count"], row["deferrals"]) == (1, 1)
     assert row["last_deferral"] == "connecting: ConnectionRefusedError: refused"
     assert before <= row["deferred_since"] <= row["woken_at"]

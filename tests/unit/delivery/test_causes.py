@@ -3,8 +3,6 @@ configuration errors fail at once, a refusal by the server is permanent."""
 
 from __future__ import annotations
 
-import socket
-
 import paramiko
 import pytest
 
@@ -16,7 +14,7 @@ from app.store.types import FailureCause, FailureCode
 TRANSIENT = [
     ConnectionRefusedError(111, "Connection refused"),
     ConnectionResetError(104, "Connection reset by peer"),
-    socket.timeout("timed out"),
+    TimeoutError("timed out"),
     TimeoutError("the server did not open an SFTP session in time"),
     EOFError(),
     # OpenSSH's MaxStartups drops the connection during the banner or the key exchange.
