@@ -16,8 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, is_dataclass
-from functools import cache
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from app import logs
 
@@ -96,19 +95,30 @@ class _Scheduler:
                                          "Replacements the retry policy created for proven transient non-deliveries.")
 
 
-@cache
+# A worker's threads reach their first metric at once: a second registration of the same names would
+# raise, so each set is made once, under a lock.
+_T = TypeVar("_T")
+_made: dict[type, object] = {}
+_making = threading.Lock()
+
+
+def _metrics(kind: type[_T]) -> _T:
+    with _making:
+        if kind not in _made:
+            _made[kind] = kind()
+        return cast(_T, _made[kind])
+
+
 def worker() -> _Worker:
-    return _Worker()
+    return _metrics(_Worker)
 
 
-@cache
 def relay() -> _Relay:
-    return _Relay()
+    return _metrics(_Relay)
 
 
-@cache
 def scheduler() -> _Scheduler:
-    return _Scheduler()
+    return _metrics(_Scheduler)
 
 
 def count_run(service: str, counts: Any) -> None:

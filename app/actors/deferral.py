@@ -33,6 +33,9 @@ log = logs.get(__name__)
 
 #: The cause a deferral records when the destination's circuit is open.
 CIRCUIT_OPEN = "circuit open"
+#: The start of the cause a deferral records when its attempt was the circuit's probe and found the
+#: partner still down (it connected before building, so it built nothing).
+PROBE_FAILED = "probe failed: "
 #: Seconds, at most, an attempt defers when all its destination's session slots are held: a session
 #: frees up within one delivery, so it comes back soon, jittered so the waiting attempts spread out.
 SESSION_BUSY_SECONDS = 1.0

@@ -25,7 +25,14 @@ from uuid import UUID
 
 from app import logs, metrics
 from app.actors.builder import BuildFailed, BuildInterrupted, BuildStopped, BuiltFile, ContactsBuilder
-from app.actors.deferral import CIRCUIT_OPEN, Circuits, DeferralPolicy, backoff_seconds, session_busy_seconds
+from app.actors.deferral import (
+    CIRCUIT_OPEN,
+    PROBE_FAILED,
+    Circuits,
+    DeferralPolicy,
+    backoff_seconds,
+    session_busy_seconds,
+)
 from app.actors.lease import LeaseKeeper, Leases
 from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
@@ -203,8 +210,8 @@ class ExportRunner:
                 if unreachable is not None and unreachable.cause is FailureCause.TRANSIENT \
                         and not unreachable.session_limit:
                     self.circuits.failed(job.destination_id, attempt_id, unreachable.detail)
-                    return self._defer(job, attempt_id, worker_id, keeper, cause=unreachable.detail,
-                                       delay=self._backoff(job), reason="unreachable")
+                    return self._defer(job, attempt_id, worker_id, keeper, delay=self._backoff(job),
+                                       cause=f"{PROBE_FAILED}{unreachable.detail}", reason="unreachable")
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop)

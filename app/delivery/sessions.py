@@ -137,8 +137,7 @@ class SessionPool:
         session to its destination is idle; closes it (and frees its slot) otherwise."""
         key = held.key
         transport = held.session.client.get_transport()
-        keep = reusable and key is not None and transport is not None and transport.is_active()
-        if keep:
+        if reusable and key is not None and transport is not None and transport.is_active():
             with self._lock:
                 if not self._closed and key not in self._idle and len(self._idle) < self.max_idle:
                     timer = threading.Timer(self.idle_seconds, self._expire, args=(key, held))
