@@ -13,6 +13,8 @@ from app.config import Settings
 from app.maintenance.recovery import Recovery, RecoveryConfig
 from app.relay import Relay
 from app.store import cancellation, export, sweeper
+from app.store import metrics as store_metrics
+from app.store import relay as relay_store
 from app.store.database import Database
 from app.store.types import CancellationOutcome, DeferResult, FailureCause, FailureCode, Role, Status, WriteResult
 
@@ -220,3 +222,23 @@ def test_a_cause_class_outside_the_list_or_on_a_completion_matches_nothing(seed)
     assert export.try_finish_delivery(seed.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
                                       outcome=Status.COMPLETED, cause=FailureCause.TRANSIENT) == 0
     assert seed.status(job) is Status.DELIVERING
+
+
+def test_a_wake_up_not_yet_due_is_scheduled_not_late_and_the_relay_knows_when_it_falls_due(seed, db_url):
+    job = seed.running()
+    assert _defer(seed, job, delay=120.0) == 1
+
+    backlog = store_metrics.backlog(seed.conn)
+    with Database(db_url, Role.DISPATCHER) as dispatcher, dispatcher.connection() as conn:
+        due_in = relay_store.seconds_until_next_due(conn)
+
+    # The creation's wake-up is due (and unpublished: no relay ran); the deferral's is scheduled.
+    assert (backlog.unpublished, backlog.scheduled, backlog.deferred_jobs) == (1, 1, 1)
+    assert due_in is not None and due_in <= 0   # the creation's row is due already
+    with Database(db_url, Role.DISPATCHER) as dispatcher:
+        broker = StubBroker()
+        broker.declare_queue("exports")
+        assert Relay(Settings(database_url=db_url), dispatcher, broker).run_once() == 1
+        with dispatcher.connection() as conn:
+            due_in = relay_store.seconds_until_next_due(conn)
+    assert 100 < due_in <= 120
