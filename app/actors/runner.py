@@ -212,6 +212,9 @@ class ExportRunner:
                     self.circuits.failed(job.destination_id, attempt_id, unreachable.detail)
                     return self._defer(job, attempt_id, worker_id, keeper, delay=self._backoff(job),
                                        cause=f"{PROBE_FAILED}{unreachable.detail}", reason="unreachable")
+                if unreachable is None:
+                    # Closed now, not after this build: the attempts it turned away may come back.
+                    self.circuits.reached(job.destination_id, was_open=True)
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop)

@@ -156,22 +156,29 @@ class Destination:
         except CredentialError as exc:
             return Unreachable(FailureCause.CONFIGURATION, describe(exc))
         redact = credential.redactions()
-        try:
-            held = source.open(self.config, self._pinned, credential)
-        except SessionLimitReached as exc:
-            return Unreachable(FailureCause.TRANSIENT, describe(exc), session_limit=True)
-        except Exception as exc:
-            log.warning("delivery.unreachable %s error=%s", fields, describe(exc, redact=redact))
-            return Unreachable(cause_of(exc), f"connecting: {describe(exc, redact=redact)}")
-        try:
-            baseline = listing.list_final(held.session, self.config, final, with_hash=True)
-        except Exception as exc:
-            source.give_back(held, reusable=False)
-            log.warning("delivery.unreachable %s error=%s", fields, describe(exc, redact=redact))
-            return Unreachable(cause_of(exc), f"listing the final name: {describe(exc, redact=redact)}")
-        except BaseException:
-            source.give_back(held, reusable=False)
-            raise
+        retried = False
+        while True:
+            try:
+                held = source.open(self.config, self._pinned, credential)
+            except SessionLimitReached as exc:
+                return Unreachable(FailureCause.TRANSIENT, describe(exc), session_limit=True)
+            except Exception as exc:
+                log.warning("delivery.unreachable %s error=%s", fields, describe(exc, redact=redact))
+                return Unreachable(cause_of(exc), f"connecting: {describe(exc, redact=redact)}")
+            try:
+                baseline = listing.list_final(held.session, self.config, final, with_hash=True)
+                break
+            except Exception as exc:
+                source.give_back(held, reusable=False)
+                if held.reused and not retried:
+                    # A warm session that died after its check says nothing about the partner: a new one.
+                    retried = True
+                    continue
+                log.warning("delivery.unreachable %s error=%s", fields, describe(exc, redact=redact))
+                return Unreachable(cause_of(exc), f"listing the final name: {describe(exc, redact=redact)}")
+            except BaseException:
+                source.give_back(held, reusable=False)
+                raise
         try:
             # Recorded before anything is uploaded: if it cannot be recorded, nothing is.
             record_evidence(Evidence(EvidenceStage.BASELINE, baseline, attempt_id))

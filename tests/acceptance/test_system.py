@@ -116,7 +116,7 @@ def test_an_export_canceled_while_queued_ends_canceled_and_no_file_is_ever_writt
 
 def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, admin, embedded_sftp):
     faults = embedded_sftp.server.faults
-    faults.hold_on = frozenset({"open"})   # the upload's first request: its temporary file
+    faults.hold_on = frozenset({"write"})   # the upload's first write to its temporary file
     try:
         system.start_all()
         _set_up(system, embedded_sftp)
