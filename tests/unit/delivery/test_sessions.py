@@ -1,5 +1,6 @@
 """A worker's pool of SSH sessions: within each destination's slots, one kept warm per destination,
-reused only after a health check, closed when idle."""
+reused only after a health check, closed when idle; and what a prepared delivery does with a warm
+session that died anyway."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import paramiko
 import pytest
 
 from app.delivery.config import DestinationConfig
+from app.delivery.destination import Destination, Ready, Unreachable
 from app.delivery.errors import SessionLimitReached
-from app.delivery.sessions import SessionPool
+from app.delivery.sessions import HeldSession, SessionPool
 from app.devtools.waiting import wait_until
+from app.store.types import ExpectedFile, FailureCause
 
 KEY = paramiko.RSAKey.generate(1024)
 CONFIG = DestinationConfig(host="127.0.0.1", port=2222, username="partner", remote_dir="/inbox",
@@ -203,3 +206,61 @@ def test_the_pool_keeps_at_most_max_idle_sessions_over_all_destinations(opened):
 
     assert (a.session.closed, b.session.closed, pool.idle) == (False, True, 1)
     pool.close()
+
+
+class _Sftp:
+    def __init__(self, dead: bool) -> None:
+        self.dead = dead
+
+    def stat(self, path: str):
+        if self.dead:
+            raise EOFError()
+        raise FileNotFoundError(path)   # the final name is free
+
+
+@dataclass(eq=False)
+class _ListingSession(FakeSession):
+    sftp: _Sftp = field(default_factory=lambda: _Sftp(dead=False))
+
+
+class _Source:
+    """Hands out the given sessions in order, recording what comes back and how."""
+
+    def __init__(self, *held) -> None:
+        self.to_open = list(held)
+        self.given_back: list[tuple[object, bool]] = []
+
+    def open(self, config, pinned, credential):
+        return self.to_open.pop(0)
+
+    def give_back(self, held, *, reusable: bool) -> None:
+        self.given_back.append((held, reusable))
+
+
+def _expected():
+    return ExpectedFile("contacts-k.csv", 10, b"\x01" * 32)
+
+
+def test_a_warm_session_that_died_after_its_check_is_replaced_rather_than_taken_for_an_outage():
+    dead = HeldSession(_ListingSession(sftp=_Sftp(dead=True)), reused=True)
+    fresh = HeldSession(_ListingSession())
+    source = _Source(dead, fresh)
+    recorded: list = []
+
+    prepared = Destination(CONFIG, environ={"PW": "secret"}).prepare(
+        _expected(), attempt_id="a1", record_evidence=recorded.append, sessions=source)
+
+    assert isinstance(prepared, Ready) and not prepared.baseline.present
+    assert source.given_back == [(dead, False)] and len(recorded) == 1
+    prepared.release()
+    assert source.given_back[-1] == (fresh, True)
+
+
+def test_a_new_session_that_fails_its_baseline_says_the_partner_is_unreachable():
+    source = _Source(HeldSession(_ListingSession(sftp=_Sftp(dead=True))))
+
+    prepared = Destination(CONFIG, environ={"PW": "secret"}).prepare(
+        _expected(), attempt_id="a1", record_evidence=lambda evidence: None, sessions=source)
+
+    assert isinstance(prepared, Unreachable) and prepared.cause is FailureCause.TRANSIENT
+    assert prepared.detail.startswith("listing the final name: EOFError")
