@@ -146,7 +146,7 @@ def test_a_paused_attempt_taken_over_before_cutoff_2_is_refused_there_and_the_ne
     assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
-def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeover(worker):
+def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeover(worker, caplog):
     job = worker.queued()
 
     def taken_over_then_broken(stop):
@@ -156,6 +156,9 @@ def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeove
     result = worker.runner(checkpoint=taken_over_then_broken, renew_seconds=60).run(job.id)
 
     assert result.outcome is RunOutcome.FAILED and result.write is WriteResult.NOT_MATCHED
+    # The log says the terminal write matched nothing, rather than that the export failed.
+    events = [r.getMessage() for r in caplog.records if r.name == "app.actors.runner"]
+    assert "runner.terminal_write_not_matched" in events
     row = worker.seed.row(job)
     assert (row["status"], row["failure_reason"], row["attempt_id"]) == ("Queued", None, None)
     assert worker.seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"]
