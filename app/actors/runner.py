@@ -13,7 +13,6 @@ reversible: one it cannot reach defers the job (``app.actors.deferral``) instead
 
 from __future__ import annotations
 
-import enum
 import os
 import socket
 import threading
@@ -25,14 +24,8 @@ from uuid import UUID
 
 from app import logs, metrics
 from app.actors.builder import BuildFailed, BuildInterrupted, BuildStopped, BuiltFile, ContactsBuilder
-from app.actors.deferral import (
-    CIRCUIT_OPEN,
-    PROBE_FAILED,
-    Circuits,
-    DeferralPolicy,
-    backoff_seconds,
-    session_busy_seconds,
-)
+from app.actors.deferral import CIRCUIT_OPEN, PROBE_FAILED, Circuits, DeferralPolicy, session_busy_seconds
+from app.actors.endings import Endings, RunOutcome, RunResult
 from app.actors.lease import LeaseKeeper, Leases
 from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
@@ -49,7 +42,6 @@ from app.store.partner import Circuit
 from app.store.types import (
     AuthorizationResult,
     ClaimResult,
-    DeferResult,
     ExpectedFile,
     FailureCause,
     FailureCode,
@@ -62,31 +54,6 @@ from app.store.worker import JobView, read_job, read_original_expected
 log = logs.get(__name__)
 
 _CLAIM_LABEL = {ClaimResult.CLAIMED: "won", ClaimResult.LOST: "lost", ClaimResult.UNKNOWN: "unknown"}
-
-
-class RunOutcome(enum.Enum):
-    """Where a run ended. Only CLAIM_UNKNOWN leaves the message unsettled."""
-
-    NOT_QUEUED = "NotQueued"            # the hint was stale: canceled, claimed, ended, or not found
-    REJECTED = "Rejected"               # policy refused this version (the write may have matched nothing)
-    NOT_CLAIMED = "NotClaimed"          # cutoff 1 lost: another claim, a cancel or an edit won
-    CLAIM_UNKNOWN = "ClaimUnknown"      # the claim and its re-read both failed
-    STOPPED = "Stopped"                 # a recorded stop request ended the attempt before cutoff 2
-    FAILED = "Failed"                   # before cutoff 2: the build failed, the final name was taken, the
-                                        # partner refused the configuration or stayed unreachable too long
-    DEFERRED = "Deferred"               # the partner could not be reached: back to Queued, woken later
-    GAVE_UP = "GaveUp"                  # ownership lost or unknown before cutoff 2: wrote nothing
-    DELIVERED = "Delivered"             # past cutoff 2: the delivery ran and its outcome was written (or not)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    outcome: RunOutcome
-    attempt_id: UUID | None = None
-    #: The attempt's terminal write, when it made one.
-    write: WriteResult | None = None
-    #: For DELIVERED: Completed, Failed or OutcomeUnknown, as the destination reported it.
-    delivery: Status | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +93,7 @@ class ExportRunner:
         self.sessions = sessions or SessionPool()
         self.deferrals = deferrals or DeferralPolicy(probe_seconds=lease_seconds)
         self.circuits = Circuits(db, self.deferrals)
+        self.endings = Endings(db, self.deferrals)
         self._active: set[StopSignal] = set()
         self._active_lock = threading.Lock()
 
@@ -200,7 +168,7 @@ class ExportRunner:
             admission = self.circuits.admit(job.destination_id, attempt_id, circuit)
             if not admission.go:
                 # Turned away without building: the circuit says the partner is down.
-                return self._defer(job, attempt_id, worker_id, keeper, cause=CIRCUIT_OPEN,
+                return self.endings.defer(job, attempt_id, worker_id, keeper, cause=CIRCUIT_OPEN,
                                    delay=admission.wait_seconds, reason="circuit_open")
             if admission.probing:
                 # The probe connects before it builds: while the partner stays down, a probe costs a
@@ -210,7 +178,7 @@ class ExportRunner:
                 if unreachable is not None and unreachable.cause is FailureCause.TRANSIENT \
                         and not unreachable.session_limit:
                     self.circuits.failed(job.destination_id, attempt_id, unreachable.detail)
-                    return self._defer(job, attempt_id, worker_id, keeper, delay=self._backoff(job),
+                    return self.endings.defer(job, attempt_id, worker_id, keeper, delay=self.endings.backoff(job),
                                        cause=f"{PROBE_FAILED}{unreachable.detail}", reason="unreachable")
                 if unreachable is None:
                     # Closed now, not after this build: the attempts it turned away may come back.
@@ -221,7 +189,7 @@ class ExportRunner:
             metrics.worker().build_seconds.observe(time.monotonic() - started)
             metrics.worker().build_bytes.inc(built.size)
             if stop.reason is StopReason.STOP_REQUESTED:
-                return self._finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
+                return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
             if stop.is_set():
                 raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
             expected = ExpectedFile(export.final_name(job.delivery_key), built.size, built.sha256)
@@ -238,20 +206,20 @@ class ExportRunner:
             was_open = circuit.open or admission.probing
             match preparation:
                 case Unreachable(session_limit=True, detail=detail):
-                    return self._defer(job, attempt_id, worker_id, keeper, cause=f"session limit: {detail}",
+                    return self.endings.defer(job, attempt_id, worker_id, keeper, cause=f"session limit: {detail}",
                                        delay=session_busy_seconds(), reason="session_limit")
                 case Unreachable(cause=FailureCause.TRANSIENT, detail=detail):
                     self.circuits.failed(job.destination_id, attempt_id, detail)
-                    return self._defer(job, attempt_id, worker_id, keeper, cause=detail,
-                                       delay=self._backoff(job), reason="unreachable")
+                    return self.endings.defer(job, attempt_id, worker_id, keeper, cause=detail,
+                                       delay=self.endings.backoff(job), reason="unreachable")
                 case Unreachable(cause=cause, detail=detail):
                     # A configuration error: trying again later would fail the same way.
                     self.circuits.reached(job.destination_id, was_open=was_open)
-                    return self._fail_or_stop(job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
                                               f"the partner refused the configuration: {detail}", cause)
                 case Refused(outcome=refused):
                     self.circuits.reached(job.destination_id, was_open=was_open)
-                    return self._fail_or_stop(job, attempt_id, worker_id, refused.code, refused.detail,
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, refused.code, refused.detail,
                                               refused.cause)
                 case Ready():
                     ready = preparation
@@ -268,19 +236,19 @@ class ExportRunner:
                     log.info("runner.authorized", job_id=job.id, attempt_id=attempt_id, size=built.size)
                     return Prepared(built, expected, ready)
                 case AuthorizationResult.STOP_RECORDED:
-                    return self._finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
+                    return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
                     write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                                failure_reason=FailureCode.ORIGINAL_DELIVERED,
                                                detail="the original was recorded Completed before cutoff 2")
-                    return self._failed(job, attempt_id, write)
+                    return self.endings.failed(job, attempt_id, write)
                 case AuthorizationResult.LEASE_LAPSED | AuthorizationResult.NOT_OWNER | AuthorizationResult.UNKNOWN:
                     # Write nothing to the row: recovery takes it from here.
                     log.warning("runner.not_authorized", job_id=job.id, attempt_id=attempt_id, cutoff=cutoff.value)
                     return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildStopped as stopped:
             if stopped.reason is StopReason.STOP_REQUESTED:
-                return self._finish_stopped(job, attempt_id, worker_id, "WhileBuilding", stop)
+                return self.endings.finish_stopped(job, attempt_id, worker_id, "WhileBuilding", stop)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
             log.warning("runner.build_abandoned", job_id=job.id, attempt_id=attempt_id, reason=stopped.reason.value)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
@@ -293,7 +261,7 @@ class ExportRunner:
             write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                        failure_reason=FailureCode.BUILD_FAILED, detail=str(failed)[:300])
             log.warning("runner.build_failed", job_id=job.id, attempt_id=attempt_id, error=failed, write=write.value)
-            return self._failed(job, attempt_id, write)
+            return self.endings.failed(job, attempt_id, write)
         except EvidenceNotRecorded as exc:
             # No baseline, no upload; the database that could not take it could not take a terminal write.
             log.warning("runner.baseline_not_recorded", job_id=job.id, attempt_id=attempt_id, error=exc)
@@ -317,64 +285,6 @@ class ExportRunner:
             self._append_evidence(job_id, attempt_id, observed_by, evidence.to_detail())
 
         return record
-
-    def _backoff(self, job: JobView) -> float:
-        return backoff_seconds(job.deferrals, base=self.deferrals.base_seconds, cap=self.deferrals.max_seconds)
-
-    def _defer(self, job: JobView, attempt_id: UUID, worker_id: str, keeper: LeaseKeeper, *, cause: str,
-               delay: float, reason: str) -> RunResult:
-        """Running -> Queued with a wake-up due in ``delay``; past the deferral budget, Failed instead."""
-        spent = job.deferred_for_seconds
-        if spent is not None and spent >= self.deferrals.total_seconds:
-            return self._fail_or_stop(
-                job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
-                f"the partner could not be reached for {spent:.0f} s after {job.deferrals} deferrals; last: {cause}",
-                FailureCause.TRANSIENT)
-        result = export.defer(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id, cause=cause[:300],
-                              delay_seconds=delay)
-        if result is DeferResult.LEASE_LAPSED and keeper.renew_now() is RenewResult.RENEWED:
-            result = export.defer(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                  cause=cause[:300], delay_seconds=delay)
-        match result:
-            case DeferResult.DEFERRED:
-                metrics.worker().deferrals.labels(reason).inc()
-                log.info("runner.deferred", job_id=job.id, attempt_id=attempt_id, cause=cause, delay=round(delay, 3),
-                         deferrals=job.deferrals + 1)
-                return RunResult(RunOutcome.DEFERRED, attempt_id, WriteResult.WRITTEN)
-            case DeferResult.STOP_RECORDED:
-                return self._finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", None)
-        log.warning("runner.not_deferred", job_id=job.id, attempt_id=attempt_id, result=result.value)
-        return RunResult(RunOutcome.GAVE_UP, attempt_id)
-
-    def _fail_or_stop(self, job: JobView, attempt_id: UUID, worker_id: str, code: FailureCode, detail: str,
-                      cause: FailureCause) -> RunResult:
-        """Running -> Failed before cutoff 2; a stop request recorded first wins, and the attempt records
-        Stopped instead (``export_finish_failed`` matches nothing then)."""
-        write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                     failure_reason=code, detail=detail[:300], cause=cause)
-        if write is WriteResult.NOT_MATCHED:
-            stopped = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                            stop_point="BeforeDelivery")
-            if stopped is WriteResult.WRITTEN:
-                metrics.worker().stops_obeyed.inc()
-                return RunResult(RunOutcome.STOPPED, attempt_id, stopped)
-        return self._failed(job, attempt_id, write)
-
-    def _failed(self, job: JobView, attempt_id: UUID, write: WriteResult) -> RunResult:
-        if write is not WriteResult.WRITTEN:
-            # Not a failure of this attempt's making: a takeover or another outcome got there first.
-            log.warning("runner.terminal_write_not_matched", job_id=job.id, attempt_id=attempt_id, write=write.value)
-        return RunResult(RunOutcome.FAILED, attempt_id, write)
-
-    def _finish_stopped(self, job: JobView, attempt_id: UUID, worker_id: str, stop_point: str,
-                        stop: StopSignal | None) -> RunResult:
-        write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                      stop_point=stop_point)
-        if write is WriteResult.WRITTEN:
-            metrics.worker().stops_obeyed.inc()
-            if stop is not None and stop.reason is StopReason.STOP_REQUESTED:
-                metrics.worker().stop_latency.observe(stop.seconds_since_set())
-        return RunResult(RunOutcome.STOPPED, attempt_id, write)
 
     def _authorize(self, job: JobView, attempt_id: UUID, expected: ExpectedFile) -> AuthorizationResult:
         return export.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
