@@ -86,20 +86,20 @@ class Endings:
         return RunResult(RunOutcome.GAVE_UP, attempt_id)
 
     def fail_or_stop(self, job: JobView, attempt_id: UUID, worker_id: str, code: FailureCode, detail: str,
-                      cause: FailureCause) -> RunResult:
+                     cause: FailureCause | None = None, *, stop_point: str = "BeforeDelivery") -> RunResult:
         """Running -> Failed before cutoff 2; a stop request recorded first wins, and the attempt records
         Stopped instead (``export_finish_failed`` matches nothing then)."""
         write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                      failure_reason=code, detail=detail[:300], cause=cause)
         if write is WriteResult.NOT_MATCHED:
             stopped = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                            stop_point="BeforeDelivery")
+                                            stop_point=stop_point)
             if stopped is WriteResult.WRITTEN:
                 metrics.worker().stops_obeyed.inc()
                 return RunResult(RunOutcome.STOPPED, attempt_id, stopped)
-        return self.failed(job, attempt_id, write)
+        return self._failed(job, attempt_id, write)
 
-    def failed(self, job: JobView, attempt_id: UUID, write: WriteResult) -> RunResult:
+    def _failed(self, job: JobView, attempt_id: UUID, write: WriteResult) -> RunResult:
         if write is not WriteResult.WRITTEN:
             # Not a failure of this attempt's making: a takeover or another outcome got there first.
             log.warning("runner.terminal_write_not_matched", job_id=job.id, attempt_id=attempt_id, write=write.value)

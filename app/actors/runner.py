@@ -207,20 +207,20 @@ class ExportRunner:
             match preparation:
                 case Unreachable(session_limit=True, detail=detail):
                     return self.endings.defer(job, attempt_id, worker_id, keeper, cause=f"session limit: {detail}",
-                                       delay=session_busy_seconds(), reason="session_limit")
+                                              delay=session_busy_seconds(), reason="session_limit")
                 case Unreachable(cause=FailureCause.TRANSIENT, detail=detail):
                     self.circuits.failed(job.destination_id, attempt_id, detail)
                     return self.endings.defer(job, attempt_id, worker_id, keeper, cause=detail,
-                                       delay=self.endings.backoff(job), reason="unreachable")
+                                              delay=self.endings.backoff(job), reason="unreachable")
                 case Unreachable(cause=cause, detail=detail):
                     # A configuration error: trying again later would fail the same way.
                     self.circuits.reached(job.destination_id, was_open=was_open)
                     return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
-                                              f"the partner refused the configuration: {detail}", cause)
+                                                     f"the partner refused the configuration: {detail}", cause)
                 case Refused(outcome=refused):
                     self.circuits.reached(job.destination_id, was_open=was_open)
                     return self.endings.fail_or_stop(job, attempt_id, worker_id, refused.code, refused.detail,
-                                              refused.cause)
+                                                     refused.cause)
                 case Ready():
                     ready = preparation
                     self.circuits.reached(job.destination_id, was_open=was_open)
@@ -238,10 +238,8 @@ class ExportRunner:
                 case AuthorizationResult.STOP_RECORDED:
                     return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
-                    write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                               failure_reason=FailureCode.ORIGINAL_DELIVERED,
-                                               detail="the original was recorded Completed before cutoff 2")
-                    return self.endings.failed(job, attempt_id, write)
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.ORIGINAL_DELIVERED,
+                                                     "the original was recorded Completed before cutoff 2")
                 case AuthorizationResult.LEASE_LAPSED | AuthorizationResult.NOT_OWNER | AuthorizationResult.UNKNOWN:
                     # Write nothing to the row: recovery takes it from here.
                     log.warning("runner.not_authorized", job_id=job.id, attempt_id=attempt_id, cutoff=cutoff.value)
@@ -258,10 +256,9 @@ class ExportRunner:
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildFailed as failed:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
-            write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                       failure_reason=FailureCode.BUILD_FAILED, detail=str(failed)[:300])
-            log.warning("runner.build_failed", job_id=job.id, attempt_id=attempt_id, error=failed, write=write.value)
-            return self.endings.failed(job, attempt_id, write)
+            log.warning("runner.build_failed", job_id=job.id, attempt_id=attempt_id, error=failed)
+            return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.BUILD_FAILED, str(failed),
+                                             stop_point="WhileBuilding")
         except EvidenceNotRecorded as exc:
             # No baseline, no upload; the database that could not take it could not take a terminal write.
             log.warning("runner.baseline_not_recorded", job_id=job.id, attempt_id=attempt_id, error=exc)
