@@ -70,6 +70,18 @@ class Settings:
     #: second between a creation's commit and its claim; 50 keeps that p99 near 50 ms for about 300 idle
     #: Redis commands a second.
     worker_idle_poll_ms: int = 50
+    #: A job whose partner cannot be reached before cutoff 2 defers: its wake-up is due after a backoff
+    #: of base * 2^deferrals seconds, jittered, capped at max; past total seconds since its first
+    #: deferral it fails (NotDelivered) instead. The circuit's probes back off the same way.
+    defer_base_seconds: float = 5.0
+    defer_max_seconds: float = 300.0
+    defer_total_seconds: float = 6 * 3600.0
+    #: Seconds a worker keeps an idle warm SSH session (and its session slot) open.
+    session_idle_seconds: float = 30.0
+    #: The retry policy waits this long after a proven transient non-delivery before the first
+    #: automatic retry, doubling for each later one; it runs every retry_interval seconds.
+    retry_backoff_seconds: float = 60.0
+    retry_interval_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -99,10 +111,18 @@ class Settings:
             worker_metrics=env.get("EXPORTS_WORKER_METRICS") or "127.0.0.1:9463",
             heartbeat_seconds=_number(env, "EXPORTS_HEARTBEAT_SECONDS", 10.0, minimum=0.1),
             worker_idle_poll_ms=int(_number(env, "EXPORTS_WORKER_IDLE_POLL_MS", 50, minimum=1)),
+            defer_base_seconds=_number(env, "EXPORTS_DEFER_BASE_SECONDS", 5.0, minimum=0.05),
+            defer_max_seconds=_number(env, "EXPORTS_DEFER_MAX_SECONDS", 300.0, minimum=0.05),
+            defer_total_seconds=_number(env, "EXPORTS_DEFER_TOTAL_SECONDS", 6 * 3600.0, minimum=1),
+            session_idle_seconds=_number(env, "EXPORTS_SESSION_IDLE_SECONDS", 30.0, minimum=0.1),
+            retry_backoff_seconds=_number(env, "EXPORTS_RETRY_BACKOFF_SECONDS", 60.0, minimum=0.1),
+            retry_interval_seconds=_number(env, "EXPORTS_RETRY_INTERVAL", 30.0, minimum=0.1),
         )
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "
                               "or a healthy attempt would lose its lease between renewals")
+        if settings.defer_max_seconds < settings.defer_base_seconds:
+            raise ConfigError("EXPORTS_DEFER_MAX_SECONDS must be at least EXPORTS_DEFER_BASE_SECONDS")
         if settings.broker_url and not settings.broker_url.startswith(BROKER_SCHEMES):
             raise ConfigError("EXPORTS_BROKER_URL must start with redis://, rediss://, unix:// (a Redis socket), "
                               "amqp:// or amqps://")

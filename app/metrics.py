@@ -84,6 +84,13 @@ class _Worker:
         self.upload_bytes = Counter("exports_upload_bytes_total", "Bytes of export files delivered (Completed).")
         self.renewals_failed = Counter("exports_lease_renewals_failed_total", "Lease renewals that raised.")
         self.leases_lost = Counter("exports_leases_lost_total", "Renewals that found the attempt taken over.")
+        self.deferrals = Counter("exports_deferrals_total",
+                                 "Attempts deferred before cutoff 2, by reason: unreachable, circuit_open, "
+                                 "session_limit.", ["reason"])
+        self.circuit_openings = Counter("exports_circuit_openings_total",
+                                        "Destination circuits a connection failure opened.")
+        self.build_retries = Counter("exports_build_retries_total",
+                                     "Builds tried again on a fresh connection after a transient database error.")
 
 
 class _Relay:
@@ -101,6 +108,8 @@ class _Scheduler:
 
         self.counts = Counter("exports_maintenance_total", "What each maintenance run did, by service and count.",
                               ["service", "count"])
+        self.automatic_retries = Counter("exports_automatic_retries_total",
+                                         "Replacements the retry policy created for proven transient non-deliveries.")
 
 
 _built: dict[type, Any] = {}
@@ -172,9 +181,11 @@ class DatabaseGauges:
             jobs.add_metric([status], n)
         yield jobs
         for name, help_, value in (
-            ("exports_outbox_unpublished", "Outbox rows the relay has not published.", backlog.unpublished),
-            ("exports_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row.",
-             backlog.oldest_unpublished_seconds),
+            ("exports_outbox_unpublished", "Due outbox rows the relay has not published.", backlog.unpublished),
+            ("exports_outbox_oldest_unpublished_seconds",
+             "How long the oldest due, unpublished outbox row has been due.", backlog.oldest_unpublished_seconds),
+            ("exports_outbox_scheduled", "Outbox rows not yet due (deferrals' wake-ups).", backlog.scheduled),
+            ("exports_deferred_jobs", "Queued jobs waiting out a deferral's backoff.", backlog.deferred_jobs),
             ("exports_queued_oldest_wait_seconds", "Longest wait in Queued since the last wake-up.",
              backlog.oldest_queued_seconds),
             ("exports_expired_leases", "Running or Delivering attempts whose lease expired (recovery's work).",

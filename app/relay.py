@@ -12,8 +12,10 @@ deduplication middleware absorbs the copy. A broker
 outage (``enqueue`` raises) leaves that row and every later one unpublished and unmarked for the next
 pass; nothing is lost and nothing is marked that the broker did not take.
 
-``run_forever`` waits on ``LISTEN exports_outbox`` (the outbox insert trigger notifies it) with a
-polling fallback, and drains in batches until a batch comes back short.
+Only rows that are due are published: a deferral writes its wake-up due after a backoff, and the
+relay leaves it until then. ``run_forever`` waits on ``LISTEN exports_outbox`` (the outbox insert
+trigger notifies it) with a polling fallback, never longer than until the next row falls due, and
+drains in batches until a batch comes back short.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from app.config import Settings, resolve_database_url
 from app.heartbeat import Heartbeat
 from app.store import connector, errors
 from app.store.database import Database, connect
-from app.store.relay import OutboxMessage, claim_batch, mark_published
+from app.store.relay import OutboxMessage, claim_batch, mark_published, seconds_until_next_due
 from app.store.types import Role
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ EXPORT_READY = "ExportReady"
 OUTBOX_CHANNEL = "exports_outbox"
 #: Longest single wait for a notification, in seconds, so a stop request is noticed promptly.
 STOP_CHECK_SECONDS = 0.5
+#: Shortest wait for a row falling due, in seconds.
+DUE_WAIT_FLOOR_SECONDS = 0.05
 #: Seconds to wait after a pass or a listener failed (database unreachable) before trying again.
 FAILURE_BACKOFF_SECONDS = 2.0
 
@@ -69,8 +73,8 @@ class RelayPass:
         return self.broker_failed or self.published < self.claimed or self.claimed == 0
 
 
-def _age_seconds(created_at: datetime) -> float:
-    return max(0.0, (datetime.now(timezone.utc) - created_at).total_seconds())
+def _age_seconds(due: datetime) -> float:
+    return max(0.0, (datetime.now(timezone.utc) - due).total_seconds())
 
 
 def message_for(row: OutboxMessage, *, queue_name: str = EXPORT_QUEUE) -> dramatiq.Message:
@@ -111,7 +115,7 @@ class Relay:
     def _pass(self) -> RelayPass:
         with self.db.connection() as conn, conn.transaction():
             rows = claim_batch(conn, batch_size=self.settings.relay_batch_size)
-            metrics.relay().lag.set(_age_seconds(rows[0].created_at) if rows else 0.0)
+            metrics.relay().lag.set(_age_seconds(rows[0].due) if rows else 0.0)
             published, broker_failed = self._publish(rows)
             if published:
                 marked = mark_published(conn, message_ids=published)
@@ -200,8 +204,23 @@ class Relay:
         self.listening.set()
         return conn
 
+    def _next_due(self) -> float | None:
+        """Seconds until the next unpublished row falls due; None when none waits or the database does
+        not answer (the poll interval covers that)."""
+        try:
+            with self.db.connection() as conn:
+                return seconds_until_next_due(conn)
+        except Exception as exc:
+            log.warning("relay.next_due_failed", error=type(exc).__name__)
+            return None
+
     def _wait(self, listener: psycopg.Connection | None, stop_event: threading.Event) -> None:
-        deadline = time.monotonic() + self.settings.relay_poll_seconds
+        wait = self.settings.relay_poll_seconds
+        next_due = self._next_due()
+        if next_due is not None:
+            # A floor, so a due row another relay holds locked does not make this one spin.
+            wait = min(wait, max(next_due, DUE_WAIT_FLOOR_SECONDS))
+        deadline = time.monotonic() + wait
         while not stop_event.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -1,5 +1,5 @@
-"""The scheduler process (``exports scheduler``): recovery and the sweeper, each run by APScheduler at
-its interval, with the process's heartbeat and its metrics (``/metrics``, with gauges read from the
+"""The scheduler process (``exports scheduler``): recovery, the sweeper and the retry policy, each run by
+APScheduler at its interval, with the process's heartbeat and its metrics (``/metrics``, with gauges read from the
 database on each scrape).
 
 The services live in ``app/maintenance/``, one per file, each built from a database and its own
@@ -22,6 +22,7 @@ from app import logs, metrics
 from app.config import Settings, resolve_database_url
 from app.heartbeat import SILENT_INTERVALS, Heartbeat
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
+from app.maintenance.retries import Retries, RetryConfig
 from app.maintenance.sweeper import Sweeper, SweeperConfig
 from app.store.database import Database
 from app.store.types import Role
@@ -51,6 +52,7 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
         ("recovery", Recovery(db, RecoveryConfig.from_settings(settings), inspect_destination).run_once,
          settings.recovery_interval_seconds),
         ("sweeper", Sweeper(db, SweeperConfig.from_settings(settings)).run_once, settings.sweep_interval_seconds),
+        ("retries", Retries(db, RetryConfig.from_settings(settings)).run_once, settings.retry_interval_seconds),
     )
     for name, run, interval in services:
         scheduler.add_job(_run_logged(name, run), "interval", seconds=interval, id=name, name=name,
@@ -69,7 +71,7 @@ def run_forever(settings: Settings, stop_event: threading.Event) -> None:
         scheduler = build_scheduler(settings, db)
         scheduler.start()
         log.info("scheduler.started", recovery_every=settings.recovery_interval_seconds,
-                 sweep_every=settings.sweep_interval_seconds)
+                 sweep_every=settings.sweep_interval_seconds, retries_every=settings.retry_interval_seconds)
         try:
             stop_event.wait()
         finally:

@@ -5,8 +5,12 @@ to disk, computing size and SHA-256 as it writes, so memory stays flat in the nu
 
 Stopping: the stop signal is checked between blocks, and setting it also cancels the running
 statement, so a stop is not held up by a slow query. A stop raises ``BuildStopped``, unwrapped, after
-removing the partial file; every other failure is wrapped in ``BuildFailed`` (also after removing
-it). Nothing here ever leaves the process: a failed or stopped build is always reversible.
+removing the partial file. A transient database error (the connection lost or terminated, the server
+restarting, a statement timeout: ``app.store.errors.transient``) is not a failure of the build: it is
+tried again from the start on a fresh connection, a few times, and if it keeps failing the build
+raises ``BuildInterrupted``, after which the attempt writes nothing and recovery requeues it. Every
+other failure (an error in the data or the query, the local disk) is wrapped in ``BuildFailed``. Nothing
+here ever leaves the process: a failed or stopped build is always reversible.
 
 Files are named ``{job_id}.{attempt_id}.csv`` (``.part`` while written) under the work directory, so
 the scavenger can tie any file it finds to an attempt.
@@ -23,9 +27,10 @@ from uuid import UUID
 
 import psycopg
 
-from app import logs
+from app import logs, metrics
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.store import errors
 from app.store import worker as worker_reads
 from app.store.database import connect
 from app.store.types import Role
@@ -44,6 +49,11 @@ class BuildStopped(Exception):
 
 class BuildFailed(Exception):
     """Raised for every other failure of a build (the cause is chained); nothing left the process."""
+
+
+class BuildInterrupted(Exception):
+    """Raised when the database kept failing transiently through every try; the cause is chained. Not
+    a failure of the export: the attempt writes nothing and recovery takes it over."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,11 @@ def remove_quietly(path: Path) -> bool:
 #: bounded by this, and a stop is noticed within one chunk.
 CHUNK_BYTES = 256 * 1024
 
+#: Tries of a build that a transient database error interrupts, and the seconds before the second
+#: try, doubled for each later one (a stop cuts the wait short).
+BUILD_TRIES = 4
+BUILD_RETRY_BACKOFF_SECONDS = 0.5
+
 #: Called after every chunk written (the last one too, so at least once per build), with the stop signal.
 #: Tests use it to hold a build at a known point; production passes none.
 Checkpoint = Callable[[StopSignal], None]
@@ -93,23 +108,34 @@ class ContactsBuilder:
               stop: StopSignal) -> BuiltFile:
         final = self.work_dir / file_name(job_id, attempt_id)
         partial = final.with_name(final.name + ".part")
-        try:
-            built = self._write(partial, tenant_id, scope, stop)
-            os.replace(partial, final)
-            return BuiltFile(final, built[0], built[1], built[2])
-        except BuildStopped:
-            remove_quietly(partial)
-            raise
-        except Exception as exc:
-            remove_quietly(partial)
-            if stop.is_set():
-                # The cancellation the stop caused surfaces as the database's error: it is a stop.
-                raise BuildStopped(stop.reason or StopReason.SHUTDOWN) from None
-            raise BuildFailed(f"{type(exc).__name__}: {exc}") from exc
-        except BaseException:
-            remove_quietly(partial)
-            remove_quietly(final)
-            raise
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                built = self._write(partial, tenant_id, scope, stop)
+                os.replace(partial, final)
+                return BuiltFile(final, built[0], built[1], built[2])
+            except BuildStopped:
+                remove_quietly(partial)
+                raise
+            except Exception as exc:
+                remove_quietly(partial)
+                if stop.is_set():
+                    # The cancellation the stop caused surfaces as the database's error: it is a stop.
+                    raise BuildStopped(stop.reason or StopReason.SHUTDOWN) from None
+                if not errors.transient(exc):
+                    raise BuildFailed(f"{type(exc).__name__}: {exc}") from exc
+                if tries >= BUILD_TRIES:
+                    raise BuildInterrupted(f"{type(exc).__name__} on each of {tries} tries") from exc
+                log.warning("builder.retrying", job_id=job_id, attempt_id=attempt_id, tries=tries,
+                            error=type(exc).__name__)
+                metrics.worker().build_retries.inc()
+                if stop.wait(BUILD_RETRY_BACKOFF_SECONDS * 2 ** (tries - 1)):
+                    raise BuildStopped(stop.reason or StopReason.SHUTDOWN) from None
+            except BaseException:
+                remove_quietly(partial)
+                remove_quietly(final)
+                raise
 
     def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal) -> tuple[int, bytes, int]:
         if scope is not Scope.CONSENTING_CONTACTS:

@@ -25,18 +25,21 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import Callable
+from collections.abc import Callable
 from uuid import UUID
 
 import dramatiq
 
 from app import logs, metrics
 from app.actors.builder import ContactsBuilder
+from app.actors.deferral import DeferralPolicy
 from app.actors.lease import Leases
 from app.actors.policy import ExportPolicy
 from app.actors.runner import ExportRunner, RunOutcome, RunResult
+from app.actors.slots import DatabaseSlots
 from app.actors.watcher import StopWatcher
 from app.config import Settings, resolve_database_url
+from app.delivery.sessions import SessionPool
 from app.store.database import Database
 from app.store.types import Role
 
@@ -51,6 +54,9 @@ MAX_RETRIES = 10
 #: Backoff between those redeliveries, in milliseconds: the database gets time to come back.
 MIN_BACKOFF_MS = 1_000
 MAX_BACKOFF_MS = 60_000
+
+#: Connections that hold session slots, at most: one per SSH session this process has open.
+SLOT_CONNECTIONS = 16
 
 ACTOR_OPTIONS = dict(time_limit=TIME_LIMIT_MS, max_retries=MAX_RETRIES, min_backoff=MIN_BACKOFF_MS,
                      max_backoff=MAX_BACKOFF_MS)
@@ -70,7 +76,8 @@ def declare(broker: dramatiq.Broker, run: Run | None = None, **options: object) 
     def export_ready(job_id: str) -> None:
         result = (run or process_runner().run)(UUID(job_id))
         metrics.worker().runs.labels(result.outcome.value).inc()
-        log.info("export.processed", job_id=job_id, outcome=result.outcome.value, attempt_id=result.attempt_id)
+        log.info("export.processed", job_id=job_id, outcome=result.outcome.value, attempt_id=result.attempt_id,
+                 write=result.write.value if result.write else None)
         if result.outcome is RunOutcome.CLAIM_UNKNOWN:
             raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")
 
@@ -111,11 +118,16 @@ def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner,
     """A runner wired from settings, and the function that releases what it holds."""
     url = resolve_database_url(settings)
     db = Database(url, Role.APP, max_size=8, name="exports-worker")
+    # One connection per SSH session open to a partner (each holds its session slot's lock): the
+    # worker's threads, and the warm sessions kept between deliveries.
+    slots_db = Database(url, Role.APP, min_size=0, max_size=SLOT_CONNECTIONS, name="exports-slots")
+    sessions = SessionPool(DatabaseSlots(slots_db), idle_seconds=settings.session_idle_seconds)
     watcher = StopWatcher(url, poll_seconds=settings.stop_poll_seconds)
     leases = Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds)
     parts: dict[str, object] = dict(
         db=db, lease_seconds=settings.lease_seconds, policy=ExportPolicy(),
-        builder=ContactsBuilder(url, settings.work_dir), leases=leases, watcher=watcher)
+        builder=ContactsBuilder(url, settings.work_dir), leases=leases, watcher=watcher, sessions=sessions,
+        deferrals=DeferralPolicy.from_settings(settings))
     parts.update(overrides)
     runner = ExportRunner(**parts)  # type: ignore[arg-type]
 
@@ -123,6 +135,8 @@ def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner,
         watcher.close()
         if "db" in leases.__dict__:   # its pool, if a renewal ever opened it
             leases.db.close()
+        sessions.close()
+        slots_db.close()
         db.close()
 
     return runner, close

@@ -1,18 +1,18 @@
 """The export runner: the reference's ExportRunner, top to bottom.
 
-hint (re-read the row) -> policy -> claim (cutoff 1) -> lease keeper and stop watcher -> build ->
-cutoff 2 (one retry after an on-demand renewal) -> deliver -> evidence -> terminal write.
+hint (re-read the row, and the destination's circuit) -> policy -> claim (cutoff 1) -> lease keeper and
+stop watcher -> circuit gate -> build -> prepare the delivery (session, baseline, decision) -> cutoff 2
+(one retry after an on-demand renewal) -> deliver on the prepared session -> evidence -> terminal write.
 
 Every write goes through ``app.store.export`` and is conditional; those after the claim also require
 this attempt, so an attempt that lost ownership changes nothing, and its catch blocks record nothing.
 Stop requests are obeyed until cutoff 2 and recorded (TooLate, by the cancellation path) after it; a
-lost lease stops preparation but never an upload.
+lost lease stops preparation but never an upload. Before cutoff 2 the partner is reached while still
+reversible: one it cannot reach defers the job (``app.actors.deferral``) instead of failing it.
 """
 
 from __future__ import annotations
 
-import enum
-import json
 import os
 import socket
 import threading
@@ -23,64 +23,47 @@ from typing import Callable
 from uuid import UUID
 
 from app import logs, metrics
-from app.actors.builder import BuildFailed, BuildStopped, BuiltFile, ContactsBuilder
-from app.delivery.classifier import Completed, DeliveryOutcome, Failed, Stage, Unknown, classify
-from app.delivery.config import DestinationConfig
-from app.delivery.destination import Destination
-from app.delivery.evidence import Evidence
+from app.actors.builder import BuildFailed, BuildInterrupted, BuildStopped, BuiltFile, ContactsBuilder
+from app.actors.deferral import CIRCUIT_OPEN, PROBE_FAILED, Circuits, DeferralPolicy, session_busy_seconds
+from app.actors.endings import Endings, RunOutcome, RunResult
 from app.actors.lease import LeaseKeeper, Leases
 from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
+from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_write
+from app.delivery.config import DestinationConfig
+from app.delivery.destination import Destination, Ready, Refused, Unreachable
+from app.delivery.errors import EvidenceNotRecorded
+from app.delivery.evidence import Evidence
+from app.delivery.sessions import SessionPool
 from app.store import export
-from app.store.worker import JobView, read_job, read_original_expected
 from app.store.database import Database
+from app.store.partner import Circuit
 from app.store.types import (
     AuthorizationResult,
     ClaimResult,
     ExpectedFile,
+    FailureCause,
     FailureCode,
     RenewResult,
     Status,
     WriteResult,
 )
+from app.store.worker import JobView, read_job, read_original_expected
 
 log = logs.get(__name__)
 
 _CLAIM_LABEL = {ClaimResult.CLAIMED: "won", ClaimResult.LOST: "lost", ClaimResult.UNKNOWN: "unknown"}
 
 
-class RunOutcome(enum.Enum):
-    """Where a run ended. Only CLAIM_UNKNOWN leaves the message unsettled."""
-
-    NOT_QUEUED = "NotQueued"            # the hint was stale: canceled, claimed, ended, or not found
-    REJECTED = "Rejected"               # policy refused this version (the write may have matched nothing)
-    NOT_CLAIMED = "NotClaimed"          # cutoff 1 lost: another claim, a cancel or an edit won
-    CLAIM_UNKNOWN = "ClaimUnknown"      # the claim and its re-read both failed
-    STOPPED = "Stopped"                 # a recorded stop request ended the attempt before cutoff 2
-    FAILED = "Failed"                   # the build failed, or the replacement's original was completed
-    GAVE_UP = "GaveUp"                  # ownership lost or unknown before cutoff 2: wrote nothing
-    DELIVERED = "Delivered"             # past cutoff 2: the delivery ran and its outcome was written (or not)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    outcome: RunOutcome
-    attempt_id: UUID | None = None
-    #: The attempt's terminal write, when it made one.
-    write: WriteResult | None = None
-    #: For DELIVERED: Completed, Failed or OutcomeUnknown, as the destination reported it.
-    delivery: Status | None = None
-
-
 @dataclass(frozen=True)
 class Prepared:
-    """What an attempt past cutoff 2 delivers: the built file, what cutoff 2 recorded, and for a
-    replacement the original's expected file (None if the original never reached cutoff 2)."""
+    """What an attempt past cutoff 2 delivers: the built file, what cutoff 2 recorded, and the delivery
+    prepared on its session before cutoff 2."""
 
     built: BuiltFile
     expected: ExpectedFile
-    original: ExpectedFile | None
+    ready: Ready
 
 
 def worker_identity() -> str:
@@ -95,7 +78,8 @@ class ExportRunner:
     def __init__(
         self, *, db: Database, lease_seconds: float, policy: ExportPolicy, builder: ContactsBuilder,
         leases: Leases, watcher: StopWatcher, destination_for: DestinationFactory = Destination,
-        worker_id: Callable[[], str] = worker_identity,
+        worker_id: Callable[[], str] = worker_identity, sessions: SessionPool | None = None,
+        deferrals: DeferralPolicy | None = None,
     ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds
@@ -105,6 +89,11 @@ class ExportRunner:
         self.watcher = watcher
         self.destination_for = destination_for
         self.worker_id = worker_id
+        #: The process's SSH sessions, warm between deliveries; without slots, a session limit is not kept.
+        self.sessions = sessions or SessionPool()
+        self.deferrals = deferrals or DeferralPolicy(probe_seconds=lease_seconds)
+        self.circuits = Circuits(db, self.deferrals)
+        self.endings = Endings(db, self.deferrals)
         self._active: set[StopSignal] = set()
         self._active_lock = threading.Lock()
 
@@ -131,6 +120,7 @@ class ExportRunner:
                 log.info("runner.rejected", job_id=job.id, version=job.version, refusal=decision.refusal.value,
                          written=rejected)
                 return RunResult(RunOutcome.REJECTED)
+            circuit = self.circuits.read(conn, job.destination_id)
 
         # Cutoff 1.
         attempt_id = uuid.uuid4()
@@ -151,7 +141,7 @@ class ExportRunner:
         keeper = self.leases.keep(job.id, attempt_id, stop)
         watch = self.watcher.watch(job.id, attempt_id, stop)
         try:
-            prepared = self._prepare(job, decision, attempt_id, worker_id, keeper, stop)
+            prepared = self._prepare(job, decision, attempt_id, worker_id, keeper, stop, circuit)
             watch.close()   # past cutoff 2 a stop request is recorded (TooLate), not obeyed
             if isinstance(prepared, RunResult):
                 return prepared
@@ -165,25 +155,75 @@ class ExportRunner:
     # --- before cutoff 2: reversible ------------------------------------------------------------------
 
     def _prepare(self, job: JobView, decision: Decision, attempt_id: UUID, worker_id: str,
-                 keeper: LeaseKeeper, stop: StopSignal) -> Prepared | RunResult:
-        """The file and what cutoff 2 recorded, only if cutoff 2 is confirmed; otherwise records why
-        not where it may, and answers how the run ended."""
+                 keeper: LeaseKeeper, stop: StopSignal, circuit: Circuit) -> Prepared | RunResult:
+        """The file and the prepared delivery, only if cutoff 2 is confirmed; otherwise records why not
+        where it may (stopped, failed, deferred), and answers how the run ended."""
         built: BuiltFile | None = None
+        ready: Ready | None = None
         cutoff: AuthorizationResult | None = None
         try:
-            assert decision.scope is not None   # an allowed decision always has one
+            assert decision.scope is not None and decision.destination is not None   # allowed decisions have both
+            destination = self.destination_for(decision.destination)
+            sessions = self.sessions.for_destination(job.destination_id)
+            admission = self.circuits.admit(job.destination_id, attempt_id, circuit)
+            if not admission.go:
+                # Turned away without building: the circuit says the partner is down.
+                return self.endings.defer(job, attempt_id, worker_id, keeper, cause=CIRCUIT_OPEN,
+                                   delay=admission.wait_seconds, reason="circuit_open")
+            if admission.probing:
+                # The probe connects before it builds: while the partner stays down, a probe costs a
+                # connection attempt and no build. Its session is kept warm for the delivery.
+                # Anything else it finds (no free slot, a configuration error) the delivery finds again.
+                unreachable = destination.probe(sessions=sessions)
+                if unreachable is not None and unreachable.cause is FailureCause.TRANSIENT \
+                        and not unreachable.session_limit:
+                    self.circuits.failed(job.destination_id, attempt_id, unreachable.detail)
+                    return self.endings.defer(job, attempt_id, worker_id, keeper, delay=self.endings.backoff(job),
+                                       cause=f"{PROBE_FAILED}{unreachable.detail}", reason="unreachable")
+                if unreachable is None:
+                    # Closed now, not after this build: the attempts it turned away may come back.
+                    self.circuits.reached(job.destination_id, was_open=True)
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop)
             metrics.worker().build_seconds.observe(time.monotonic() - started)
             metrics.worker().build_bytes.inc(built.size)
-            if stop.reason is StopReason.LEASE_LOST:
-                raise BuildStopped(StopReason.LEASE_LOST)   # a takeover committed: stop at once
+            if stop.reason is StopReason.STOP_REQUESTED:
+                return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
+            if stop.is_set():
+                raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
             expected = ExpectedFile(export.final_name(job.delivery_key), built.size, built.sha256)
             # Read while still reversible: past cutoff 2 a failed read could only end OutcomeUnknown.
             # The original ended before this replacement was created, so its expected file is final.
             with self.db.connection() as conn:
                 original = read_original_expected(conn, job)
+
+            # Reach the partner while the job is Running: a session, the baseline, the decision.
+            preparation = destination.prepare(
+                expected, attempt_id=str(attempt_id), replacement=job.replaces_job_id is not None,
+                replacement_of=original, overwrite_agreed=job.overwrite_agreement_ref is not None,
+                record_evidence=self._recorder(job.id, attempt_id, worker_id), sessions=sessions)
+            was_open = circuit.open or admission.probing
+            match preparation:
+                case Unreachable(session_limit=True, detail=detail):
+                    return self.endings.defer(job, attempt_id, worker_id, keeper, cause=f"session limit: {detail}",
+                                              delay=session_busy_seconds(), reason="session_limit")
+                case Unreachable(cause=FailureCause.TRANSIENT, detail=detail):
+                    self.circuits.failed(job.destination_id, attempt_id, detail)
+                    return self.endings.defer(job, attempt_id, worker_id, keeper, cause=detail,
+                                              delay=self.endings.backoff(job), reason="unreachable")
+                case Unreachable(cause=cause, detail=detail):
+                    # A configuration error: trying again later would fail the same way.
+                    self.circuits.reached(job.destination_id, was_open=was_open)
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
+                                                     f"the partner refused the configuration: {detail}", cause)
+                case Refused(outcome=refused):
+                    self.circuits.reached(job.destination_id, was_open=was_open)
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, refused.code, refused.detail,
+                                                     refused.cause)
+                case Ready():
+                    ready = preparation
+                    self.circuits.reached(job.destination_id, was_open=was_open)
 
             # Cutoff 2. This write, not the watcher, guarantees a stop request committed first wins.
             cutoff = self._authorize(job, attempt_id, expected)
@@ -194,46 +234,54 @@ class ExportRunner:
             match cutoff:
                 case AuthorizationResult.AUTHORIZED:
                     log.info("runner.authorized", job_id=job.id, attempt_id=attempt_id, size=built.size)
-                    return Prepared(built, expected, original)
+                    return Prepared(built, expected, ready)
                 case AuthorizationResult.STOP_RECORDED:
-                    write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id,
-                                                worker_id=worker_id, stop_point="BeforeDelivery")
-                    if write is WriteResult.WRITTEN:
-                        metrics.worker().stops_obeyed.inc()
-                    return RunResult(RunOutcome.STOPPED, attempt_id, write)
+                    return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
-                    write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                               failure_reason=FailureCode.ORIGINAL_DELIVERED,
-                                               detail="the original was recorded Completed before cutoff 2")
-                    return RunResult(RunOutcome.FAILED, attempt_id, write)
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.ORIGINAL_DELIVERED,
+                                                     "the original was recorded Completed before cutoff 2")
                 case AuthorizationResult.LEASE_LAPSED | AuthorizationResult.NOT_OWNER | AuthorizationResult.UNKNOWN:
                     # Write nothing to the row: recovery takes it from here.
                     log.warning("runner.not_authorized", job_id=job.id, attempt_id=attempt_id, cutoff=cutoff.value)
                     return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildStopped as stopped:
             if stopped.reason is StopReason.STOP_REQUESTED:
-                write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                            stop_point="WhileBuilding")
-                if write is WriteResult.WRITTEN:
-                    metrics.worker().stops_obeyed.inc()
-                    metrics.worker().stop_latency.observe(stop.seconds_since_set())
-                return RunResult(RunOutcome.STOPPED, attempt_id, write)
+                return self.endings.finish_stopped(job, attempt_id, worker_id, "WhileBuilding", stop)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
             log.warning("runner.build_abandoned", job_id=job.id, attempt_id=attempt_id, reason=stopped.reason.value)
+            return RunResult(RunOutcome.GAVE_UP, attempt_id)
+        except BuildInterrupted as interrupted:
+            # The database, not the export, failed: nothing is written, and recovery requeues the job.
+            log.warning("runner.build_interrupted", job_id=job.id, attempt_id=attempt_id, error=interrupted)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildFailed as failed:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
             log.warning("runner.build_failed", job_id=job.id, attempt_id=attempt_id, error=failed)
-            write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                       failure_reason=FailureCode.BUILD_FAILED, detail=str(failed)[:300])
-            return RunResult(RunOutcome.FAILED, attempt_id, write)
+            return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.BUILD_FAILED, str(failed),
+                                             stop_point="WhileBuilding")
+        except EvidenceNotRecorded as exc:
+            # No baseline, no upload; the database that could not take it could not take a terminal write.
+            log.warning("runner.baseline_not_recorded", job_id=job.id, attempt_id=attempt_id, error=exc)
+            return RunResult(RunOutcome.GAVE_UP, attempt_id)
         finally:
             if cutoff is not AuthorizationResult.AUTHORIZED:
+                if ready is not None:
+                    ready.release()
                 keeper.finish()   # this attempt's last write, if it made one, is behind it
                 if built is not None:
                     # Contact data on disk for a delivery nobody may resume is the worse risk.
                     built.delete()
         raise AssertionError("unreachable")   # pragma: no cover
+
+    def _recorder(self, job_id: UUID, attempt_id: UUID, worker_id: str) -> Callable[[Evidence], None]:
+        observed_by = f"{worker_id}/{attempt_id}"
+
+        def record(evidence: Evidence) -> None:
+            # Appended whoever owns the job now; it never touches the job's status. Raising here
+            # before the upload keeps the upload from starting.
+            self._append_evidence(job_id, attempt_id, observed_by, evidence.to_detail())
+
+        return record
 
     def _authorize(self, job: JobView, attempt_id: UUID, expected: ExpectedFile) -> AuthorizationResult:
         return export.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
@@ -243,34 +291,22 @@ class ExportRunner:
 
     def _deliver(self, job: JobView, decision: Decision, attempt_id: UUID, worker_id: str,
                  prepared: Prepared, keeper: LeaseKeeper) -> RunResult:
-        built, expected = prepared.built, prepared.expected
-        observed_by = f"{worker_id}/{attempt_id}"
-
-        def record(evidence: Evidence) -> None:
-            # Appended whoever owns the job now; it never touches the job's status. Raising here
-            # before the upload keeps the upload from starting.
-            self._append_evidence(job.id, attempt_id, observed_by, evidence.to_detail())
-
+        built = prepared.built
         interrupted: BaseException | None = None
         started = time.monotonic()
         try:
             try:
-                assert decision.destination is not None   # an allowed decision always has one
-                destination = self.destination_for(decision.destination)
-                outcome = destination.deliver(
-                    built.path, expected, attempt_id=str(attempt_id),
-                    replacement=job.replaces_job_id is not None,
-                    replacement_of=prepared.original,
-                    overwrite_agreed=job.overwrite_agreement_ref is not None, record_evidence=record)
+                outcome = prepared.ready.complete(built.path)
             except BaseException as exc:
                 # Failed only when the error proves the final name was never written; here it cannot.
                 # A shutdown still gets its evidence and terminal write tried, then propagates.
                 outcome = classify(exc, stage=Stage.UNKNOWN)
                 if not isinstance(exc, Exception):
                     interrupted = exc
-            status, code, detail = _terminal(outcome)
+            status, code, detail, cause = terminal_write(outcome)
             try:
-                self._append_evidence(job.id, attempt_id, observed_by, _outcome_detail(outcome, attempt_id))
+                self._append_evidence(job.id, attempt_id, f"{worker_id}/{attempt_id}",
+                                      outcome_evidence(outcome, attempt_id))
             except Exception as exc:
                 log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id, error=type(exc).__name__)
             metrics.worker().upload_seconds.observe(time.monotonic() - started)
@@ -278,12 +314,17 @@ class ExportRunner:
             if status is Status.COMPLETED:
                 metrics.worker().upload_bytes.inc(built.size)
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                         outcome=status, failure_reason=code, detail=detail)
-            log.info("runner.delivered", job_id=job.id, attempt_id=attempt_id, outcome=status.value, write=write.value)
+                                         outcome=status, failure_reason=code, detail=detail, cause=cause)
+            log.info("runner.delivered", job_id=job.id, attempt_id=attempt_id, outcome=status.value, write=write.value,
+                     warm_session=prepared.ready.reused_session)
+            if write is not WriteResult.WRITTEN:
+                log.warning("runner.terminal_write_not_matched", job_id=job.id, attempt_id=attempt_id,
+                            outcome=status.value, write=write.value)
             if interrupted is not None:
                 raise interrupted
             return RunResult(RunOutcome.DELIVERED, attempt_id, write, status)
         finally:
+            prepared.ready.release(reusable=False)   # already given back unless complete() never ran
             keeper.finish()   # right after the terminal write, so no renewal reports a false loss
             built.delete()
 
@@ -292,27 +333,3 @@ class ExportRunner:
             if not export.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
                                         detail=detail):
                 raise RuntimeError("delivery evidence was not appended")
-
-
-def _terminal(outcome: DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None]:
-    match outcome:
-        case Completed(receipt=receipt):
-            return Status.COMPLETED, None, f"proof={receipt.proof.value}"
-        case Failed(code=code, detail=detail):
-            return Status.FAILED, code, detail[:300]
-        case Unknown(detail=detail):
-            return Status.OUTCOME_UNKNOWN, None, detail[:300]
-    raise AssertionError(f"unexpected delivery outcome {outcome!r}")
-
-
-def _outcome_detail(outcome: DeliveryOutcome, attempt_id: UUID) -> str:
-    """The attempt's own account of its delivery, kept even when its terminal write matches nothing."""
-    payload: dict[str, object] = {"stage": "outcome", "attempt_id": str(attempt_id), "outcome": outcome.status}
-    match outcome:
-        case Completed(receipt=receipt):
-            payload["receipt"] = json.loads(receipt.to_detail())
-        case Failed(code=code, detail=detail):
-            payload.update(code=code.value, detail=detail)
-        case Unknown(detail=detail):
-            payload["detail"] = detail
-    return json.dumps(payload, separators=(",", ":"), sort_keys=True)

@@ -20,12 +20,12 @@ from app.cli.common import (
     refused,
     text,
 )
-from app.cli.output import emit
+from app.cli.output import emit, table
 from app.config import resolve_owner_url
 from app.delivery.credentials import parse_credential_ref
 from app.delivery.errors import CredentialError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
-from app.store import directory, logins
+from app.store import directory, logins, partner
 from app.store.migrate import migrate
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
@@ -73,7 +73,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--acknowledgments", action="store_true", help="the partner writes <final>.ack")
     p.add_argument("--name-and-size-identify", action="store_true", help="the contract: name and size identify a file")
     p.add_argument("--read-back", action="store_true", help="the contract allows downloading a file to hash it")
+    p.add_argument("--max-sessions", type=positive_int(64), default=4,
+                   help="sessions the partner allows at once, over every worker host (default 4)")
+    p.add_argument("--auto-retries", type=_retries, default=3,
+                   help="automatic retries of a delivery proven not to have happened for a transient reason, "
+                        "per delivery key; 0 turns them off (default 3)")
     p.set_defaults(handler=destination_add)
+    p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
+                description="Each destination's circuit (closed, or open since when and until its next probe), "
+                            "the sessions open to it now over every worker host, the jobs waiting out a "
+                            "deferral, and the last connection error.")
+    p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
+    p.set_defaults(handler=destination_status)
 
     operator = group(commands, "operator", "operator access")
     p = command(operator, "grant", help_="let an operator act for a tenant",
@@ -104,6 +115,13 @@ def _port(value: str) -> int:
 
 
 _port.__name__ = "port"
+
+
+def _retries(value: str) -> int:
+    return 0 if value.strip() == "0" else positive_int(20)(value)
+
+
+_retries.__name__ = "retries"
 
 
 def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
@@ -158,7 +176,7 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
         tenant_id=tenant.id, name=args.name, host=args.host, port=args.port, username=args.username,
         remote_dir=args.remote_dir, host_key=line, credential_ref=credential_ref, remote_hash=args.remote_hash,
         acknowledgments=args.acknowledgments, name_and_size_identify=args.name_and_size_identify,
-        read_back=args.read_back)
+        read_back=args.read_back, max_sessions=args.max_sessions, auto_retries=args.auto_retries)
     with ctx.connection() as conn:
         if directory.add_destination(conn, destination_id=destination_id, destination=new) is directory.AddResult.UNKNOWN_TENANT:
             raise not_found(f"no tenant {tenant.id}")
@@ -166,6 +184,26 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
               f"  pinned host key {key.get_name()} {fingerprint(key)}",
          {"destination_id": str(destination_id), "tenant_id": str(tenant.id), "host_key": line,
           "fingerprint": fingerprint(key)})
+    return EXIT_OK
+
+
+STATUS_HEADERS = ["tenant", "destination", "host", "circuit", "next probe", "failures", "sessions", "deferred",
+                  "retries", "last error"]
+
+
+def destination_status(ctx: Context, args: argparse.Namespace) -> int:
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant) if args.tenant else None
+    with ctx.connection() as conn:
+        found = partner.statuses(conn, tenant_id=tenant.id if tenant else None)
+    rows = [[d.tenant_name, d.name, f"{d.host}:{d.port}", d.state + ("" if d.active else " (inactive)"),
+             d.next_probe_at, d.failures or 0, f"{d.sessions_in_use}/{d.max_sessions}", d.deferred_jobs,
+             d.auto_retries or "off", d.last_error] for d in found]
+    data = [{"destination_id": d.id, "tenant": d.tenant_name, "name": d.name, "host": d.host, "port": d.port,
+             "active": d.active, "circuit": d.state, "opened_at": d.opened_at, "next_probe_at": d.next_probe_at,
+             "failures": d.failures or 0, "sessions_in_use": d.sessions_in_use, "max_sessions": d.max_sessions,
+             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.last_error}
+            for d in found]
+    emit(ctx, table(STATUS_HEADERS, rows) if found else "no destinations", data)
     return EXIT_OK
 
 

@@ -11,7 +11,17 @@ from typing import Any
 from uuid import UUID
 
 from app.cli import lookup as cli_lookup
-from app.cli.common import EXIT_OK, Context, command, job_command, name, positive_int, seconds_arg, status_arg
+from app.cli.common import (
+    EXIT_OK,
+    Context,
+    command,
+    job_command,
+    name,
+    positive_int,
+    printable,
+    seconds_arg,
+    status_arg,
+)
 from app.cli.output import emit, table
 from app.store.types import Status
 from app.store.views import AttemptEvent, JobSummary, Views
@@ -73,6 +83,9 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
         lines.append(f"  attempt {job.attempt_id} by {job.claimed_by}{lease}")
     if job.expected_file_name:
         lines.append(f"  expected file {job.expected_file_name}  {job.expected_file_bytes} bytes")
+    if job.deferrals:
+        lines.append(f"  deferred {job.deferrals} times since {job.deferred_since:%Y-%m-%d %H:%M:%S}"
+                     f" (partner unavailable), last: {printable(job.last_deferral or '', 200)}")
     lines += ["", "attempt events:",
               table(["time", "attempt", "kind", "by", "detail"],
                     [[e.recorded_at, str(e.attempt_id)[:8], e.kind, e.worker_id or e.observed_by, e.detail]

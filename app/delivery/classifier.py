@@ -5,20 +5,29 @@ been written. The classifier answers Failed only on proof that this attempt neve
 name, and OutcomeUnknown otherwise, so recovery and reconciliation can settle it from evidence.
 
 A Failed outcome carries the store's ``FailureCode`` as the terminal write records it, limited to
-the codes a delivery can end with; the runner writes it as it comes.
+the codes a delivery can end with, and the ``FailureCause`` of it (``cause_of``): a partner that could
+not be reached, or a connection that broke, is transient; a host key that is not the pinned one, a
+rejected or unreadable credential is configuration; a refusal by the server is permanent. The runner
+writes both as they come; the retry policy retries only a transient non-delivery.
 """
 
 from __future__ import annotations
 
 import enum
+import errno
+import json
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
 
+import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
+
 from app.delivery.credentials import redact as redact_secrets
+from app.delivery.errors import CredentialError, HostKeyMismatch
 from app.delivery.evidence import Listing, Receipt
-from app.store.types import FailureCode
+from app.store.types import FailureCause, FailureCode, Status
 
 #: Longest exception text kept in an outcome's detail, in characters; details land in a text column.
 MAX_DETAIL_CHARS = 300
@@ -59,6 +68,8 @@ class Failed:
 
     code: FailureCode
     detail: str
+    #: Why it failed, beside its code: only a transient cause is retried automatically.
+    cause: FailureCause = FailureCause.PERMANENT
     status: str = "Failed"
 
     def __post_init__(self) -> None:
@@ -75,6 +86,33 @@ class Unknown:
 
 
 DeliveryOutcome = Union[Completed, Failed, Unknown]
+
+def terminal_write(outcome: DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None, FailureCause | None]:
+    """What the attempt's terminal write records for an outcome: the status, the failure code, the
+    detail and, for a Failed, its cause class."""
+    match outcome:
+        case Completed(receipt=receipt):
+            return Status.COMPLETED, None, f"proof={receipt.proof.value}", None
+        case Failed(code=code, detail=detail, cause=cause):
+            return Status.FAILED, code, detail[:MAX_DETAIL_CHARS], cause
+        case Unknown(detail=detail):
+            return Status.OUTCOME_UNKNOWN, None, detail[:MAX_DETAIL_CHARS], None
+    raise AssertionError(f"unexpected delivery outcome {outcome!r}")
+
+
+def outcome_evidence(outcome: DeliveryOutcome, attempt_id: object) -> str:
+    """The attempt's own account of its delivery, appended as evidence even when its terminal write
+    matches nothing."""
+    payload: dict[str, object] = {"stage": "outcome", "attempt_id": str(attempt_id), "outcome": outcome.status}
+    match outcome:
+        case Completed(receipt=receipt):
+            payload["receipt"] = json.loads(receipt.to_detail())
+        case Failed(code=code, detail=detail, cause=cause):
+            payload.update(code=code.value, detail=detail, cause=cause.value)
+        case Unknown(detail=detail):
+            payload["detail"] = detail
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True)
+
 
 # Stages at which no request that writes anything had been sent.
 _NOTHING_WRITTEN = frozenset({Stage.CONNECT, Stage.BASELINE})
@@ -106,21 +144,56 @@ def classify(
     if not isinstance(exc, Exception):
         # A shutdown or time limit arriving somewhere inside the upload: we cannot know where.
         if stage in _NOTHING_WRITTEN:
-            return Failed(FailureCode.NOT_DELIVERED, f"interrupted before any write at {stage.value}: {what}")
+            return Failed(FailureCode.NOT_DELIVERED, f"interrupted before any write at {stage.value}: {what}",
+                          FailureCause.TRANSIENT)
         return Unknown(f"interrupted at {stage.value}: {what}")
     if stage in _NOTHING_WRITTEN:
-        return Failed(FailureCode.NOT_DELIVERED, f"no write was sent ({stage.value}): {what}")
+        return Failed(FailureCode.NOT_DELIVERED, f"no write was sent ({stage.value}): {what}", cause_of(exc))
     rename_never_ran = stage is Stage.UPLOAD or (stage is Stage.RENAME and rename_refused)
     if rename_never_ran:
         if baseline is not None and fresh is not None and fresh.same_as(baseline):
             return Failed(
                 FailureCode.NOT_DELIVERED,
                 f"{stage.value} failed and a fresh listing matches the baseline: {what}",
+                FailureCause.PERMANENT if rename_refused else cause_of(exc),
             )
         if fresh is None:
             return Unknown(f"{stage.value} failed and no fresh listing could be taken: {what}")
         return Unknown(f"{stage.value} failed and the final name changed from the baseline: {what}")
     return Unknown(f"{stage.value} interrupted, the final name may have been written: {what}")
+
+
+def cause_of(exc: BaseException) -> FailureCause:
+    """Why the partner could not be used, from the error alone.
+
+    Configuration: the server's host key is not the pinned one, it rejected the credential, or the
+    credential cannot be read. Permanent: the server answered a request with a failure status.
+    Transient: everything that says the connection could not be made or did not last (refused, reset,
+    dropped during the banner or key exchange, as OpenSSH's MaxStartups does, timed out, closed).
+    """
+    if isinstance(exc, (HostKeyMismatch, paramiko.BadHostKeyException, paramiko.AuthenticationException,
+                        CredentialError)):
+        return FailureCause.CONFIGURATION
+    if isinstance(exc, (NoValidConnectionsError, ConnectionError, TimeoutError, EOFError, paramiko.SSHException)):
+        return FailureCause.TRANSIENT
+    if is_status_reply(exc):
+        return FailureCause.PERMANENT
+    # Any other socket error (no route, network down) carries its errno.
+    return FailureCause.TRANSIENT if isinstance(exc, OSError) else FailureCause.PERMANENT
+
+
+def is_status_reply(exc: BaseException) -> bool:
+    """True for the error paramiko raises when the server answered a request with a failure status.
+
+    paramiko turns a status into a plain OSError (errno None), FileNotFoundError or PermissionError;
+    a broken or silent connection raises TimeoutError, ConnectionError, EOFError or SSHException,
+    which say nothing about what the server did.
+    """
+    return (
+        isinstance(exc, OSError)
+        and not isinstance(exc, (TimeoutError, ConnectionError))
+        and exc.errno in (None, errno.ENOENT, errno.EACCES)
+    )
 
 
 def describe(exc: BaseException, *, redact: Iterable[str] = ()) -> str:

@@ -24,6 +24,8 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_IO_TIMEOUT = 30.0
 #: Seconds to wait for the partner's acknowledgment file after the rename.
 DEFAULT_ACK_WAIT = 5.0
+#: Sessions a partner allows at once unless its destination says otherwise (the schema's default).
+DEFAULT_MAX_SESSIONS = 4
 
 _CAPABILITIES = ("remote_hash", "acknowledgments", "name_and_size_identify", "read_back")
 
@@ -51,6 +53,8 @@ class DestinationConfig:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     io_timeout: float = DEFAULT_IO_TIMEOUT
     ack_wait: float = DEFAULT_ACK_WAIT
+    #: Sessions the partner allows at once, over every worker host.
+    max_sessions: int = DEFAULT_MAX_SESSIONS
 
     def __post_init__(self) -> None:
         parse_credential_ref(self.credential_ref)
@@ -63,6 +67,8 @@ class DestinationConfig:
                 raise ValueError(f"{name} must be positive: an unbounded wait can hang a worker")
         if self.ack_wait < 0:
             raise ValueError("ack_wait must not be negative")
+        if not 1 <= self.max_sessions <= 64:
+            raise ValueError("max_sessions must be between 1 and 64")
         self.pinned_key()
 
     @classmethod
@@ -74,7 +80,8 @@ class DestinationConfig:
                    credential_ref=row["credential_ref"], remote_hash=row["remote_hash"],  # type: ignore[arg-type]
                    acknowledgments=row["acknowledgments"],  # type: ignore[arg-type]
                    name_and_size_identify=row["name_and_size_identify"],  # type: ignore[arg-type]
-                   read_back=row["read_back"])  # type: ignore[arg-type]
+                   read_back=row["read_back"],  # type: ignore[arg-type]
+                   max_sessions=row["max_sessions"])  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         # The reference is not a secret, but a repr travels into logs and tracebacks: show its kind only.

@@ -23,5 +23,20 @@ class HostKeyError(DestinationError):
     server's host key cannot be fetched."""
 
 
+class HostKeyMismatch(DestinationError):
+    """Raised when a server presents a host key other than the destination's pinned one: a
+    configuration error (or an impostor), never a reason to try again later."""
+
+
+class SessionLimitReached(DestinationError):
+    """Raised when every one of a destination's session slots is held (by any worker host): this
+    attempt may not open another session to the partner now."""
+
+
+class EvidenceNotRecorded(DestinationError):
+    """Raised when the baseline listing could not be appended as evidence: nothing is uploaded without
+    it. The cause is chained."""
+
+
 class UploadMismatch(DestinationError):
     """Raised when what was uploaded under the temporary name is not the expected file."""

@@ -1,17 +1,20 @@
 """One SSH connection to a destination and its SFTP channel, opened so that nothing can hang a worker.
 
-``connect`` trusts only the destination's pinned host key (paramiko's ``RejectPolicy``, never
-``~/.ssh/known_hosts``), bounds the connect, handshake, authentication and the opening of the SFTP
-subsystem by ``connect_timeout``, and every later request by ``io_timeout`` through the channel's
-timeout. The session also holds the two ways of hashing a remote file, which are SFTP requests
-rather than delivery decisions. What paramiko's errors mean is decided here too (``is_status_reply``).
+``open_session`` trusts only the destination's pinned host key (never ``~/.ssh/known_hosts``, never
+trust on first use: any other key raises ``HostKeyMismatch``), bounds the connect, handshake,
+authentication and the opening of the SFTP subsystem by ``connect_timeout``, and every later request
+by ``io_timeout`` through the channel's timeout. Its socket has TCP_NODELAY set: an SFTP exchange is a
+string of small requests, each answered before the next is sent, which Nagle's algorithm and delayed
+ACKs slow by tens of milliseconds each. The session also holds the two ways of hashing a remote file,
+which are SFTP requests rather than delivery decisions, and the check a warm session passes before
+reuse. What paramiko's errors mean is decided here too (``is_status_reply``).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,37 +22,50 @@ from dataclasses import dataclass
 
 import paramiko
 from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, int64
+from paramiko.ssh_exception import BadHostKeyException
 
-from app.delivery.classifier import describe
+from app.delivery.classifier import describe, is_status_reply
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
+from app.delivery.errors import HostKeyMismatch
 
 log = logging.getLogger(__name__)
 
 #: Bytes per SFTP read or write request; paramiko splits anything larger anyway.
 CHUNK_SIZE = 32768
-
-
-def is_status_reply(exc: BaseException) -> bool:
-    """True for the error paramiko raises when the server answered a request with a failure status.
-
-    paramiko turns a status into a plain OSError (errno None), FileNotFoundError or PermissionError;
-    a broken or silent connection raises TimeoutError, ConnectionError, EOFError or SSHException,
-    which say nothing about what the server did.
-    """
-    return (
-        isinstance(exc, OSError)
-        and not isinstance(exc, (TimeoutError, ConnectionError))
-        and exc.errno in (None, errno.ENOENT, errno.EACCES)
-    )
+#: Seconds a warm session's check before reuse may take; a slower answer means it is not fit to reuse.
+HEALTH_CHECK_TIMEOUT = 5.0
+#: Seconds between SSH keepalives on an open session, so an idle warm session is not dropped unseen.
+KEEPALIVE_SECONDS = 15
 
 
 @dataclass
 class Session:
-    """A connected SSH client and its SFTP channel; closed by ``connect`` when its block ends."""
+    """A connected SSH client and its SFTP channel; closed by ``connect`` when its block ends, or by
+    whoever holds it (a warm session is kept between deliveries)."""
 
     client: paramiko.SSHClient
     sftp: paramiko.SFTPClient
+
+    def healthy(self, remote_dir: str, io_timeout: float) -> bool:
+        """True when the connection is up and the server answers a stat of the remote directory in time:
+        the check a warm session passes before it is reused. Any doubt answers False."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        channel = self.sftp.get_channel()
+        try:
+            channel.settimeout(min(HEALTH_CHECK_TIMEOUT, io_timeout))
+            self.sftp.stat(remote_dir)
+        except Exception as exc:
+            log.info("destination.session_unhealthy error=%s", describe(exc))
+            return False
+        finally:
+            try:
+                channel.settimeout(io_timeout)
+            except Exception:   # a dead channel: the False above already says so
+                pass
+        return True
 
     def close(self) -> None:
         for close in (self.sftp.close, self.client.close):
@@ -92,14 +108,26 @@ class Session:
         return digest.digest()
 
 
-@contextmanager
-def connect(config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> Iterator[Session]:
-    """A session with the destination, authenticated with ``credential``, closed when the block ends."""
+class _RefuseUnpinned(paramiko.MissingHostKeyPolicy):
+    """The server presented a key that is not the pinned one (another type, or another server)."""
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        raise HostKeyMismatch(f"{hostname} presented a {key.get_name()} host key that is not the pinned key")
+
+
+def open_session(config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> Session:
+    """A session with the destination, authenticated with ``credential``; the caller closes it."""
     client = paramiko.SSHClient()
     # Only the pinned key: never ~/.ssh/known_hosts, never trust on first use.
     client.get_host_keys().add(config.known_hosts_name, pinned.get_name(), pinned)
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.set_missing_host_key_policy(_RefuseUnpinned())
     try:
+        sock = socket.create_connection((config.host, config.port), timeout=config.connect_timeout)
+    except BaseException:
+        client.close()
+        raise
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client.connect(
             config.host,
             port=config.port,
@@ -112,12 +140,27 @@ def connect(config: DestinationConfig, pinned: paramiko.PKey, credential: Creden
             channel_timeout=config.connect_timeout,
             look_for_keys=False,
             allow_agent=False,
+            sock=sock,
         )
         sftp = _open_sftp(client, config)
+    except BadHostKeyException as exc:
+        client.close()
+        sock.close()
+        raise HostKeyMismatch(f"{config.known_hosts_name} presented a host key that is not the pinned key") from exc
     except BaseException:
         client.close()
+        sock.close()
         raise
-    session = Session(client, sftp)
+    transport = client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(KEEPALIVE_SECONDS)
+    return Session(client, sftp)
+
+
+@contextmanager
+def connect(config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> Iterator[Session]:
+    """A session with the destination, authenticated with ``credential``, closed when the block ends."""
+    session = open_session(config, pinned, credential)
     try:
         yield session
     finally:

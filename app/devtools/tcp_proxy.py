@@ -6,7 +6,8 @@ faults, all safe to call from any thread:
 
 - ``hold()`` / ``release()``: while held, connections are still accepted but no byte passes either
   way, on open and new connections alike: a stalled link, or a hung server that keeps its sockets
-  open. ``held`` is set while it holds.
+  open. ``held`` is set while it holds. ``hold_after(n)`` holds once ``n`` more client-to-server
+  bytes have passed (counted from the call, across connections): part way into an upload.
 - ``cut_after(n)``: the client-to-server bytes past ``n`` (counted from the call, across connections)
   are never forwarded; the connection carrying them is closed and ``cut`` is set.
 - ``refuse_connections()`` / ``accept_connections()``: new connections are closed as soon as accepted.
@@ -107,6 +108,8 @@ class Link:
         try:
             while True:
                 unit = read(source)
+                if upstream:
+                    self.proxy._count_toward_hold(len(unit))
                 if not self.proxy._wait_while_held(self):
                     return
                 if upstream and not self.proxy._spend(len(unit)):
@@ -142,6 +145,7 @@ class TcpProxy:
         self._links: set[Link] = set()
         self._threads: list[threading.Thread] = []
         self._cut_budget: int | None = None
+        self._hold_budget: int | None = None
         self._refusing = False
         self._closing = False
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -160,6 +164,10 @@ class TcpProxy:
         with self._state:
             self.held.clear()
             self._state.notify_all()
+
+    def hold_after(self, n: int) -> None:
+        with self._state:
+            self._hold_budget = n
 
     def cut_after(self, n: int) -> None:
         with self._state:
@@ -247,6 +255,17 @@ class TcpProxy:
         with self._state:
             self._state.wait_for(lambda: not self.held.is_set() or link.closed.is_set() or self._closing)
             return not (link.closed.is_set() or self._closing)
+
+    def _count_toward_hold(self, n: int) -> None:
+        """Holds the link once ``n`` more client-to-server bytes would pass the armed hold (which it disarms)."""
+        with self._state:
+            if self._hold_budget is None:
+                return
+            if n > self._hold_budget:
+                self._hold_budget = None
+                self.held.set()
+            else:
+                self._hold_budget -= n
 
     def _spend(self, n: int) -> bool:
         """False when ``n`` more client-to-server bytes pass the armed cut (which it disarms)."""

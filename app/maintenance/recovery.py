@@ -116,7 +116,8 @@ _COUNT_FIELD = {Takeover.STOP: "stopped", Takeover.REQUEUE: "requeued", Takeover
 def decide_running(job: ExpiredAttempt, max_attempts: int) -> Takeover:
     if job.stop_requested:
         return Takeover.STOP
-    if job.attempt_count < max_attempts:
+    # A claim that ended in a deferral never reached the partner's side of the work: it is not an attempt.
+    if job.attempt_count - job.deferrals < max_attempts:
         return Takeover.REQUEUE
     return Takeover.EXHAUST
 

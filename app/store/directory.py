@@ -32,6 +32,10 @@ class NewDestination:
     acknowledgments: bool = False
     name_and_size_identify: bool = False
     read_back: bool = False
+    #: Sessions the partner allows at once, over every worker host.
+    max_sessions: int = 4
+    #: Automatic retries of a proven non-delivery per delivery key; 0: off.
+    auto_retries: int = 3
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,14 @@ def outcome_unknown(exc: BaseException) -> bool:
     return isinstance(exc, (psycopg.InterfaceError, OSError, TimeoutError))
 
 
+def transient(exc: BaseException) -> bool:
+    """True for a database error that says nothing about the data or the query: the connection was
+    lost or terminated, the server is shutting down or starting, a statement timeout, a serialization
+    failure. Running the same work again on a fresh connection may succeed; any other error would fail
+    the same way again."""
+    return isinstance(exc, psycopg.Error) and (outcome_unknown(exc) or retryable(exc))
+
+
 def retryable(exc: BaseException) -> bool:
     """True when the transaction certainly rolled back and may simply be run again."""
     return isinstance(exc, (pg.SerializationFailure, pg.DeadlockDetected))

@@ -21,9 +21,11 @@ from app.store.errors import Violation
 from app.store.types import (
     AuthorizationResult,
     ClaimResult,
+    DeferResult,
     EditOutcome,
     EditResult,
     ExpectedFile,
+    FailureCause,
     FailureCode,
     Ownership,
     RenewResult,
@@ -255,18 +257,20 @@ def try_finish_stopped(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UU
 
 
 def try_finish_failed(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
-                      failure_reason: FailureCode, detail: str | None = None) -> int:
+                      failure_reason: FailureCode, detail: str | None = None,
+                      cause: FailureCause | None = None) -> int:
     return connector.execute(conn, "export_finish_failed", dict(
         job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, failure_reason=failure_reason.value,
-        detail=detail))
+        detail=detail, cause=cause.value if cause else None))
 
 
 def try_finish_delivery(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
                         outcome: Status, failure_reason: FailureCode | None = None,
-                        detail: str | None = None) -> int:
+                        detail: str | None = None, cause: FailureCause | None = None) -> int:
     return connector.execute(conn, "export_finish_delivery", dict(
         job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome.value,
-        failure_reason=failure_reason.value if failure_reason else None, detail=detail))
+        failure_reason=failure_reason.value if failure_reason else None, detail=detail,
+        cause=cause.value if cause else None))
 
 
 def _confirm_terminal(db: Database, job_id: UUID, attempt_id: UUID, expected: Status,
@@ -290,17 +294,47 @@ def finish_stopped(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: s
 
 
 def finish_failed(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, failure_reason: FailureCode,
-                  detail: str | None = None) -> WriteResult:
+                  detail: str | None = None, cause: FailureCause | None = None) -> WriteResult:
+    """Running -> Failed; NOT_MATCHED when a stop request was recorded first (or the attempt ended)."""
     return _confirm_terminal(db, job_id, attempt_id, Status.FAILED, lambda conn: try_finish_failed(
         conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, failure_reason=failure_reason,
-        detail=detail))
+        detail=detail, cause=cause))
 
 
 def finish_delivery(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, outcome: Status,
-                    failure_reason: FailureCode | None = None, detail: str | None = None) -> WriteResult:
+                    failure_reason: FailureCode | None = None, detail: str | None = None,
+                    cause: FailureCause | None = None) -> WriteResult:
     return _confirm_terminal(db, job_id, attempt_id, outcome, lambda conn: try_finish_delivery(
         conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome,
-        failure_reason=failure_reason, detail=detail))
+        failure_reason=failure_reason, detail=detail, cause=cause))
+
+
+# --- deferral: the partner could not be reached before cutoff 2 --------------------------------
+
+
+def try_defer(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str, cause: str,
+              delay_seconds: float) -> int:
+    return connector.execute(conn, "export_defer", dict(
+        job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, cause=cause, delay_seconds=delay_seconds))
+
+
+def defer(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, cause: str,
+          delay_seconds: float) -> DeferResult:
+    """Running -> Queued with a wake-up due in ``delay_seconds``. On 0 or a lost response, the re-read
+    says why not: a deferral that committed without an answer leaves the job Queued with no attempt,
+    which this attempt cannot tell from a takeover, and either way it owns nothing any more."""
+    inserted = _attempt(db, lambda conn: try_defer(
+        conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, cause=cause, delay_seconds=delay_seconds))
+    if inserted == 1:
+        return DeferResult.DEFERRED
+    row = _reread(db, job_id)
+    if row is _UNANSWERED:
+        return DeferResult.UNKNOWN
+    if row is None or row.attempt_id != attempt_id or row.status is not Status.RUNNING:
+        return DeferResult.NOT_OWNER
+    if row.stop_requested:
+        return DeferResult.STOP_RECORDED
+    return DeferResult.LEASE_LAPSED
 
 
 # --- evidence ------------------------------------------------------------------------------------

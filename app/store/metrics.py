@@ -11,8 +11,13 @@ from app.store import connector
 
 @dataclass(frozen=True)
 class Backlog:
+    #: Outbox rows due and not yet published; their oldest's age counts from when it fell due.
     unpublished: int
     oldest_unpublished_seconds: float
+    #: Outbox rows written for later (deferrals' wake-ups), not yet due.
+    scheduled: int
+    #: Queued jobs waiting out a deferral's backoff.
+    deferred_jobs: int
     oldest_queued_seconds: float
     expired_leases: int
     #: How long the longest-expired lease has waited for recovery (0 when none): a dead scheduler shows here.
@@ -30,6 +35,7 @@ def backlog(conn: psycopg.Connection) -> Backlog:
     assert row is not None   # one row of scalar subqueries, always
     return Backlog(unpublished=row["unpublished"],
                    oldest_unpublished_seconds=float(row["oldest_unpublished_seconds"] or 0),
+                   scheduled=row["scheduled"], deferred_jobs=row["deferred_jobs"],
                    oldest_queued_seconds=float(row["oldest_queued_seconds"] or 0),
                    expired_leases=row["expired_leases"],
                    oldest_expired_lease_seconds=float(row["oldest_expired_lease_seconds"] or 0),

@@ -35,6 +35,8 @@ class Destination(peewee.Model):
     read_back = peewee.BooleanField()
     active = peewee.BooleanField()
     created_at = peewee.DateTimeField()
+    max_sessions = peewee.IntegerField()
+    auto_retries = peewee.IntegerField()
 
     class Meta:
         table_name = "destinations"
@@ -90,6 +92,9 @@ class ExportJob(peewee.Model):
     overwrite_agreement_ref = peewee.TextField(null=True)
     sweep_count = peewee.IntegerField()
     created_at = peewee.DateTimeField()
+    deferrals = peewee.IntegerField()
+    deferred_since = peewee.DateTimeField(null=True)
+    last_deferral = peewee.TextField(null=True)
 
     class Meta:
         table_name = "export_jobs"
@@ -144,6 +149,7 @@ class OutboxRow(peewee.Model):
     job_id = peewee.UUIDField()
     created_at = peewee.DateTimeField()
     published_at = peewee.DateTimeField(null=True)
+    due_at = peewee.DateTimeField(null=True)
 
     class Meta:
         table_name = "outbox"

@@ -28,6 +28,8 @@ class ExpiredAttempt:
     status: Status
     stop_requested: bool
     attempt_count: int
+    #: Claims that ended in a deferral: they do not count toward the attempt cap.
+    deferrals: int
     replaces_job_id: UUID | None
     expected_file_name: str | None
     expected_file_bytes: int | None
@@ -41,7 +43,7 @@ def scan_expired(conn: psycopg.Connection, *, batch_size: int = 100) -> list[Exp
         ExpiredAttempt(
             job_id=r["id"], tenant_id=r["tenant_id"], attempt_id=r["attempt_id"], status=Status(r["status"]),
             stop_requested=r["stop_request_id"] is not None, attempt_count=r["attempt_count"],
-            replaces_job_id=r["replaces_job_id"], expected_file_name=r["expected_file_name"],
+            deferrals=r["deferrals"], replaces_job_id=r["replaces_job_id"], expected_file_name=r["expected_file_name"],
             expected_file_bytes=r["expected_file_bytes"],
             expected_file_sha256=_bytes(r["expected_file_sha256"]),
             destination_id=r["destination_id"])

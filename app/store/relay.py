@@ -17,12 +17,24 @@ class OutboxMessage:
     kind: str
     job_id: UUID
     created_at: datetime
+    #: When a deferral's wake-up falls due; None: due when written.
+    due_at: datetime | None = None
+
+    @property
+    def due(self) -> datetime:
+        return self.due_at or self.created_at
 
 
 def claim_batch(conn: psycopg.Connection, *, batch_size: int) -> list[OutboxMessage]:
-    """Locks up to ``batch_size`` unpublished rows until the caller's transaction ends."""
+    """Locks up to ``batch_size`` unpublished rows that are due, until the caller's transaction ends."""
     rows = connector.fetch_all(conn, "relay_claim_batch", dict(batch_size=batch_size))
-    return [OutboxMessage(r["message_id"], r["kind"], r["job_id"], r["created_at"]) for r in rows]
+    return [OutboxMessage(r["message_id"], r["kind"], r["job_id"], r["created_at"], r["due_at"]) for r in rows]
+
+
+def seconds_until_next_due(conn: psycopg.Connection) -> float | None:
+    """How long until the next unpublished row is due (0 or less: one is due now); None when none waits."""
+    row = connector.fetch_one(conn, "relay_next_due")
+    return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 
 def mark_published(conn: psycopg.Connection, *, message_ids: list[UUID]) -> int:

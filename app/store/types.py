@@ -38,6 +38,7 @@ class EventKind(str, enum.Enum):
     RECONCILED = "Reconciled"
     CORRECTED = "Corrected"
     DELIVERY_EVIDENCE = "DeliveryEvidence"
+    DEFERRED_PARTNER_UNAVAILABLE = "DeferredPartnerUnavailable"
 
 
 class FailureCode(str, enum.Enum):
@@ -46,6 +47,19 @@ class FailureCode(str, enum.Enum):
     NOT_DELIVERED = "NotDelivered"
     FINAL_NAME_OCCUPIED = "FinalNameOccupied"
     ORIGINAL_DELIVERED = "OriginalDelivered"
+
+
+class FailureCause(str, enum.Enum):
+    """Why a Failed ended the way it did, beside its code, recorded in its event's detail: the retry
+    policy retries only a proven non-delivery of a transient cause."""
+
+    #: The partner could not be reached, or the connection broke: trying again later may work.
+    TRANSIENT = "transient"
+    #: The partner refused our configuration (its host key is not the pinned one, it rejected the
+    #: credential, or the credential cannot be read): an operator must act first.
+    CONFIGURATION = "configuration"
+    #: Anything else: the partner refused the request, or the file was not the expected one.
+    PERMANENT = "permanent"
 
 
 class CancellationOutcome(str, enum.Enum):
@@ -82,6 +96,16 @@ class AuthorizationResult(enum.Enum):
     NOT_OWNER = "NotOwner"
     ORIGINAL_COMPLETED = "OriginalCompleted"
     UNKNOWN = "Unknown"
+
+
+class DeferResult(enum.Enum):
+    """The answer of a deferral (Running -> Queued with a wake-up due later)."""
+
+    DEFERRED = "Deferred"
+    STOP_RECORDED = "StopRecorded"   # a stop request was recorded first: the attempt records Stopped
+    LEASE_LAPSED = "LeaseLapsed"     # still the owner, but the lease expired: renew, then defer again
+    NOT_OWNER = "NotOwner"           # a takeover committed or the attempt ended: write nothing more
+    UNKNOWN = "Unknown"              # neither the write nor the re-read answered
 
 
 class WriteResult(enum.Enum):

@@ -37,6 +37,10 @@ class Destination:
     id: UUID
     tenant_id: UUID
     name: str
+    #: Sessions the partner allows at once (each attempt holds one from connecting to closing).
+    max_sessions: int
+    #: Automatic retries of a proven non-delivery per delivery key; 0: off.
+    auto_retries: int
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,9 @@ class Job:
     overwrite_agreement_ref: str | None
     sweep_count: int
     created_at: datetime
+    deferrals: int
+    deferred_since: datetime | None
+    last_deferral: str | None
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ class OutboxEntry:
     kind: str
     created_at: datetime
     published_at: datetime | None
+    #: A wake-up due later (a deferral's); None: due when written.
+    due_at: datetime | None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,10 @@ class JobView:
     delivery_key: str
     replaces_job_id: UUID | None
     overwrite_agreement_ref: str | None
+    #: How often the job was deferred, and seconds since its first deferral (None: never deferred).
+    deferrals: int
+    deferred_for_seconds: float | None
+    last_deferral: str | None
 
 
 def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
@@ -37,7 +41,10 @@ def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
         return None
     return JobView(id=row["id"], tenant_id=row["tenant_id"], status=Status(row["status"]), version=row["version"],
                    destination_id=row["destination_id"], delivery_key=row["delivery_key"],
-                   replaces_job_id=row["replaces_job_id"], overwrite_agreement_ref=row["overwrite_agreement_ref"])
+                   replaces_job_id=row["replaces_job_id"], overwrite_agreement_ref=row["overwrite_agreement_ref"],
+                   deferrals=row["deferrals"], last_deferral=row["last_deferral"],
+                   deferred_for_seconds=None if row["deferred_for_seconds"] is None
+                   else float(row["deferred_for_seconds"]))
 
 
 def read_original_expected(conn: psycopg.Connection, job: JobView) -> ExpectedFile | None:

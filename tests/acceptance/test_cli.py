@@ -16,8 +16,9 @@ import pytest
 from app.cli.main import build_parser
 from app.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
 from app.devtools.processes import clean_environ
-from app.store import directory
-from app.store.types import FailureCode, Status
+from app.store import directory, export, partner
+from app.store.database import connect
+from app.store.types import FailureCode, Role, Status
 from tests.fixtures.processes import ExportsCli
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",
@@ -115,6 +116,64 @@ def test_destination_add_pins_the_given_host_key_and_stores_only_a_credential_re
     row = admin.execute("SELECT * FROM destinations WHERE id = %s", (created["destination_id"],)).fetchone()
     assert (row["host_key"], row["credential_ref"], row["remote_hash"], row["read_back"]) == (
         line, "env:PARTNER_PW", True, False)
+
+
+def test_destination_add_records_the_partners_session_limit_and_automatic_retries(exports_cli, admin, seed):
+    seed.tenant("Initech")
+    line = "[127.0.0.1]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    args = ["destination", "add", "--tenant", "Initech", "--host", "127.0.0.1", "--port", "2222", "--username", "p",
+            "--remote-dir", "/inbox", "--credential-ref", "env:PW", "--host-key", line]
+    limited = exports_cli(*args, "--name", "limited", "--max-sessions", "2", "--auto-retries", "0", "--json").json
+    default = exports_cli(*args, "--name", "default", "--json").json
+
+    rows = {r["id"]: r for r in admin.execute("SELECT id, max_sessions, auto_retries FROM destinations").fetchall()}
+    assert (rows[uuid.UUID(limited["destination_id"])]["max_sessions"],
+            rows[uuid.UUID(limited["destination_id"])]["auto_retries"]) == (2, 0)
+    assert (rows[uuid.UUID(default["destination_id"])]["max_sessions"],
+            rows[uuid.UUID(default["destination_id"])]["auto_retries"]) == (4, 3)
+    before = snapshot(admin)
+    for bad in (["--max-sessions", "0"], ["--max-sessions", "65"], ["--auto-retries", "21"], ["--auto-retries", "-1"]):
+        one_line_error(exports_cli(*args, "--name", "bad", *bad, expect=EXIT_BAD_INPUT))
+    assert snapshot(admin) == before
+
+
+def test_destination_status_shows_each_circuit_the_sessions_in_use_and_the_deferred_exports(
+        exports_cli, seed, tenant, queued, conn, db_url):
+    deferred = seed.running(queued())
+    assert export.try_defer(conn, job_id=deferred.id, attempt_id=deferred.attempt_id, worker_id="w",
+                            cause="connecting: ConnectionRefusedError: refused", delay_seconds=60) == 1
+    partner.record_failure(conn, destination_id=tenant.destination_id, attempt_id=deferred.attempt_id,
+                           error="connecting: ConnectionRefusedError: refused", base_seconds=5, max_seconds=60)
+    holder = connect(db_url, Role.APP)
+    try:
+        assert partner.try_slot(holder, destination_id=tenant.destination_id, slot=1)
+        shown = exports_cli("destination", "status", "--tenant", "Initech", "--json").json
+        text = exports_cli("destination", "status").stdout
+    finally:
+        holder.close()
+
+    assert len(shown) == 1
+    status = shown[0]
+    assert (status["destination_id"], status["circuit"], status["sessions_in_use"], status["max_sessions"]) == (
+        str(tenant.destination_id), "open", 1, 4)
+    assert (status["deferred_jobs"], status["auto_retries"], status["failures"]) == (1, 3, 1)
+    assert status["last_error"] == "connecting: ConnectionRefusedError: refused"
+    assert "open" in text and "1/4" in text and "ConnectionRefusedError" in text
+    one_line_error(exports_cli("destination", "status", "--tenant", "Nobody", expect=EXIT_NOT_FOUND))
+
+
+def test_show_prints_how_often_an_export_was_deferred_and_why(exports_cli, seed, tenant, queued, conn):
+    job = seed.running(queued())
+    assert export.try_defer(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+                            cause="circuit open", delay_seconds=60) == 1
+
+    shown = exports_cli("show", str(job.id), "--tenant", "Initech", "--json").json
+    text = exports_cli("show", str(job.id), "--tenant", "Initech").stdout
+
+    assert (shown["job"]["deferrals"], shown["job"]["last_deferral"]) == (1, "circuit open")
+    assert [e["kind"] for e in shown["events"]] == ["Claimed", "DeferredPartnerUnavailable"]
+    assert shown["outbox"][-1]["due_at"] is not None
+    assert "deferred 1 times since" in text and "last: circuit open" in text
 
 
 def test_destination_add_refuses_a_host_key_line_for_another_port(exports_cli, admin, seed):

@@ -17,7 +17,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.devtools.tcp_proxy import TcpProxy
 from app.devtools.waiting import wait_until
 from app.store.export import final_name
 from tests.fixtures.processes import System
@@ -116,19 +115,21 @@ def test_an_export_canceled_while_queued_ends_canceled_and_no_file_is_ever_writt
 
 
 def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, admin, embedded_sftp):
-    gate = TcpProxy(embedded_sftp.config.port, held=True)
+    faults = embedded_sftp.server.faults
+    faults.hold_on = frozenset({"write"})   # the upload's first write to its temporary file
     try:
         system.start_all()
-        _set_up(system, embedded_sftp, via_port=gate.port)
+        _set_up(system, embedded_sftp)
         job_id = _create(system)
-        # The link is held: the worker is past cutoff 2 and its upload cannot reach the partner.
+        # The upload is held at the partner: the worker is past cutoff 2 and nothing has been written.
         _wait_status(system, admin, job_id, "Delivering")
+        assert faults.held.wait(DEADLINE)
         answer = _cancel(system, job_id)
         assert (answer["outcome"], answer["found_status"]) == ("TooLate", "Delivering")
-        gate.release()
+        faults.resume.set()
         _wait_status(system, admin, job_id, "Completed")
     finally:
-        gate.close()
+        faults.resume.set()
     _assert_delivered_once(admin, embedded_sftp, job_id)
     assert _row(admin, job_id)["stop_request_id"] is None
 
@@ -219,16 +220,18 @@ def test_a_worker_killed_mid_build_is_recovered_and_the_export_is_delivered_exac
 
 def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_delivers_once(
         system, admin, embedded_sftp):
-    gate = TcpProxy(embedded_sftp.config.port, held=True)
+    faults = embedded_sftp.server.faults
+    # The upload's first request (its temporary file) hangs at the partner until the server stops.
+    faults.hang_on = frozenset({"open"})
     try:
         system.start_all()
-        _set_up(system, embedded_sftp, via_port=gate.port)
+        _set_up(system, embedded_sftp)
         job_id = _create(system)
-        # Past cutoff 2, its connection to the partner held at the gate: nothing has been sent.
+        # Past cutoff 2, its upload hanging at the partner: nothing has been written.
         _wait_status(system, admin, job_id, "Delivering")
+        assert faults.hanging.wait(DEADLINE)
         pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
         os.kill(pid, signal.SIGKILL)
-        gate.release()
         # Recovery cannot tell whether the dead attempt uploaded: an absent file is no proof of failure.
         _wait_status(system, admin, job_id, "OutcomeUnknown")
         assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
@@ -238,7 +241,7 @@ def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_
                                  "the partner confirmed nothing arrived", "--json").json["job_id"]
         _wait_status(system, admin, replacement, "Completed")
     finally:
-        gate.close()
+        faults.hang_on = frozenset()
     row = _row(admin, replacement)
     assert (str(row["replaces_job_id"]), row["delivery_key"]) == (job_id, _row(admin, job_id)["delivery_key"])
     assert _status(admin, job_id) == "OutcomeUnknown"

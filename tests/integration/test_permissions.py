@@ -118,7 +118,7 @@ def test_the_dispatcher_marks_a_row_published_through_the_relay_statement(histor
                          (row["message_id"],)).fetchone()["published_at"] is not None
 
 
-@pytest.mark.parametrize("column", ["kind", "job_id", "created_at", "message_id"])
+@pytest.mark.parametrize("column", ["kind", "job_id", "created_at", "message_id", "due_at"])
 def test_the_dispatcher_is_refused_when_it_tries_to_update_another_outbox_column(history, admin, connect_as, column):
     dispatcher = connect_as(Role.DISPATCHER)
     before = _snapshot(admin, "outbox")
@@ -208,7 +208,8 @@ def test_the_owner_cannot_update_history(history, admin, table):
 
 @pytest.mark.parametrize("change", ["kind = 'Other'", "job_id = gen_random_uuid()",
                                     "created_at = created_at - interval '1 day'",
-                                    "message_id = gen_random_uuid()"])
+                                    "message_id = gen_random_uuid()",
+                                    "due_at = clock_timestamp() - interval '1 day'"])
 def test_the_owner_cannot_update_an_outbox_column_other_than_published_at(history, admin, change):
     before = _snapshot(admin, "outbox")
 

@@ -2,7 +2,8 @@
 
 Hypothesis draws sequences of writes from every writer of the job row (claims by current and stale
 workers, cutoff 2, renewals, lease expiry, cancellations, recovery's takeovers, terminal writes,
-terms edits, reconciliation) and runs them through the real statements against the real database.
+deferrals, terms edits, reconciliation) and runs them through the real statements against the real
+database.
 After every step the row and its history must agree:
 
 - the status changed only along a transition in docs/protocol.md;
@@ -51,7 +52,7 @@ PROOF = {
 OPERATIONS = (
     ["claim", "authorize", "cancel"] * 3 + ["expire", "recover", "renew"] * 2
     + ["claim_stale_version", "finish_stopped", "finish_failed", "finish_completed", "finish_unknown", "edit",
-       "reconcile", "reject"]
+       "reconcile", "reject", "defer"]
 )
 
 STEPS = st.lists(st.tuples(
@@ -129,6 +130,10 @@ def _step(seed, model: Model, op: str, back: int) -> None:
                            reconciled_by="rita")
     elif op == "reject":
         export.reject(conn, job_id=job.id, checked_version=model.version)
+    elif op == "defer":
+        if export.try_defer(conn, job_id=job.id, attempt_id=attempt, worker_id="w", cause="refused",
+                            delay_seconds=0) == 1:
+            model.queued_entries += 1
 
 
 def _check(seed, model: Model, before: Status) -> Status:

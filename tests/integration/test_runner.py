@@ -10,13 +10,12 @@ import json
 
 import pytest
 
-from app.delivery.destination import Destination
 from app.actors.policy import ExportPolicy
 from app.actors.runner import RunOutcome
 from app.store import export
 from app.store.types import CancellationOutcome, EditResult, Status, WriteResult
 from app.devtools.waiting import wait_until
-from tests.fixtures.worker import Gate, insert_destination
+from tests.fixtures.worker import Gate, after_cutoff_2, insert_destination
 from tests.support import Background
 
 
@@ -44,8 +43,9 @@ def test_a_queued_job_is_delivered_exactly_once_with_its_events_and_evidence(req
     rows = list(csv.DictReader(io.StringIO(files[final].decode())))
     assert len(rows) == 25 and not any(r["email"].startswith("no-consent-") for r in rows)
     kinds = worker.seed.event_kinds(job)
-    assert kinds[:2] == ["Claimed", "DeliveryAuthorized"] and kinds[-1] == "Finished"
-    assert set(kinds[2:-1]) == {"DeliveryEvidence"} and len(kinds[2:-1]) >= 2
+    # The baseline is recorded while the job is Running, before cutoff 2; the receipt and the outcome after.
+    assert kinds[:3] == ["Claimed", "DeliveryEvidence", "DeliveryAuthorized"] and kinds[-1] == "Finished"
+    assert set(kinds[3:-1]) == {"DeliveryEvidence"} and len(kinds[3:-1]) >= 2
     evidence = _evidence(worker.seed, job)
     assert {e["observed_by"] for e in evidence} == {f"worker-under-test/{result.attempt_id}"}
     assert {e["attempt_id"] for e in evidence} == {result.attempt_id}
@@ -155,7 +155,9 @@ def test_a_stop_request_committed_before_cutoff_2_is_never_followed_by_an_upload
 
     assert (result.outcome, result.write) == (RunOutcome.STOPPED, WriteResult.WRITTEN)
     events = worker.seed.events(job)
-    assert [e["kind"] for e in events] == ["Claimed", "Stopped"] and events[1]["detail"] == "BeforeDelivery"
+    # The partner was only looked at (the baseline, recorded while Running); cutoff 2 refused the rest.
+    assert [e["kind"] for e in events] == ["Claimed", "DeliveryEvidence", "Stopped"]
+    assert json.loads(events[1]["detail"])["stage"] == "baseline" and events[2]["detail"] == "BeforeDelivery"
     assert worker.peer.files() == {} and worker.local_files() == []
     assert worker.seed.row(job)["delivery_authorized_at"] is None
 
@@ -166,11 +168,11 @@ def test_a_stop_request_after_cutoff_2_is_recorded_as_too_late_and_the_file_is_d
     job = worker.queued()
     answers = []
 
-    def stop_then_deliver(config):
+    def stop_after_cutoff_2():
         answers.append(worker.request_stop(job))
-        return Destination(config, environ=worker.peer.environ)
 
-    result = worker.runner(destination_for=stop_then_deliver, stop_poll_seconds=0.05).run(job.id)
+    result = worker.runner(destination_for=after_cutoff_2(worker.peer.environ, stop_after_cutoff_2),
+                           stop_poll_seconds=0.05).run(job.id)
 
     assert answers[0].outcome is CancellationOutcome.TOO_LATE
     assert (result.outcome, result.write, result.delivery) == (RunOutcome.DELIVERED, WriteResult.WRITTEN,

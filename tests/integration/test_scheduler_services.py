@@ -645,11 +645,12 @@ def test_the_scheduler_runs_each_service_at_most_once_at_a_time_with_missed_runs
 
     jobs_ = {job.id: job for job in scheduler.get_jobs()}
 
-    # The scavenger runs in the worker processes, on the hosts that build files (app/actors/process.py).
-    assert set(jobs_) == {"recovery", "sweeper"}
+    # The scavenger runs on the worker hosts, beside the files it deletes (app/actors/process.py).
+    assert set(jobs_) == {"recovery", "sweeper", "retries"}
     assert all(job.max_instances == 1 and job.coalesce for job in jobs_.values())
     assert jobs_["recovery"].trigger.interval.total_seconds() == 10.0
     assert jobs_["sweeper"].trigger.interval.total_seconds() == 60.0
+    assert jobs_["retries"].trigger.interval.total_seconds() == 30.0
 
 
 def test_run_forever_takes_an_expired_attempt_over_and_stops_when_asked(db_url, seed, tmp_path):

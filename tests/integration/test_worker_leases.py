@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 
-from app.delivery.destination import Destination
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopReason
 from app.store import export, recovery
 from app.store.types import RenewResult, Status, WriteResult
 from app.devtools.waiting import wait_until
-from tests.fixtures.worker import Gate
+from tests.fixtures.worker import Gate, after_cutoff_2
 from tests.support import Background
 
 RUN = "recovery-test"
@@ -100,7 +99,8 @@ def test_a_worker_paused_past_its_lease_is_refused_at_cutoff_2_renews_and_then_d
     assert [(r.kind, r.result) for r in history] == [("on-demand", RenewResult.RENEWED)]
     authorized_at = worker.seed.row(job)["delivery_authorized_at"]
     assert authorized_at is not None
-    assert worker.seed.event_kinds(job)[:2] == ["Claimed", "DeliveryAuthorized"]
+    transitions = [k for k in worker.seed.event_kinds(job) if k != "DeliveryEvidence"]
+    assert transitions[:2] == ["Claimed", "DeliveryAuthorized"]
     assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
@@ -133,7 +133,8 @@ def test_a_paused_attempt_taken_over_before_cutoff_2_is_refused_there_and_the_ne
     result = run.result()
 
     assert result.outcome is RunOutcome.GAVE_UP and result.write is None
-    assert worker.seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"]
+    # The superseded attempt looked at the partner (its baseline is kept as evidence) and changed nothing.
+    assert worker.seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery", "DeliveryEvidence"]
     assert worker.seed.row(job)["delivery_authorized_at"] is None
     assert worker.local_files() == [] and worker.peer.files() == {}
 
@@ -145,7 +146,7 @@ def test_a_paused_attempt_taken_over_before_cutoff_2_is_refused_there_and_the_ne
     assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
 
 
-def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeover(worker):
+def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeover(worker, caplog):
     job = worker.queued()
 
     def taken_over_then_broken(stop):
@@ -155,6 +156,9 @@ def test_a_paused_attempt_whose_build_then_fails_records_nothing_after_a_takeove
     result = worker.runner(checkpoint=taken_over_then_broken, renew_seconds=60).run(job.id)
 
     assert result.outcome is RunOutcome.FAILED and result.write is WriteResult.NOT_MATCHED
+    # The log says the terminal write matched nothing, rather than that the export failed.
+    events = [r.getMessage() for r in caplog.records if r.name.startswith("app.actors.")]
+    assert "runner.terminal_write_not_matched" in events
     row = worker.seed.row(job)
     assert (row["status"], row["failure_reason"], row["attempt_id"]) == ("Queued", None, None)
     assert worker.seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"]
@@ -181,7 +185,7 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
     job = worker.queued()
     runners = []
 
-    def taken_over_then_deliver(config):
+    def taken_over():
         attempt_id = _attempt(worker, job)
         worker.seed.expire_lease(job)
         assert recovery.resolve_delivering(worker.conn, job_id=job.id, expired_attempt_id=attempt_id,
@@ -191,9 +195,8 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
         keeper = runners[0].leases.keeper
         wait_until(lambda: keeper.lost, "the keeper to report the lost lease")
         assert keeper.history[-1].result is RenewResult.LOST
-        return Destination(config, environ=worker.peer.environ)
 
-    runners.append(worker.runner(destination_for=taken_over_then_deliver, renew_seconds=0.2))
+    runners.append(worker.runner(destination_for=after_cutoff_2(worker.peer.environ, taken_over), renew_seconds=0.2))
     result = runners[0].run(job.id)
 
     assert (result.outcome, result.delivery, result.write) == (RunOutcome.DELIVERED, Status.COMPLETED,
@@ -201,7 +204,7 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
     assert list(worker.peer.files()) == [export.final_name(job.delivery_key)]
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_id"]) == ("OutcomeUnknown", result.attempt_id)
-    kinds = worker.seed.event_kinds(job)
+    kinds = [k for k in worker.seed.event_kinds(job) if k != "DeliveryEvidence"]
     assert kinds[:3] == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"] and "Finished" not in kinds
     outcome = [json.loads(e["detail"]) for e in worker.seed.events(job) if e["kind"] == "DeliveryEvidence"][-1]
     assert (outcome["stage"], outcome["outcome"]) == ("outcome", "Completed")
@@ -234,11 +237,10 @@ def test_a_worker_shutting_down_during_an_upload_lets_the_upload_finish(worker):
     job = worker.queued()
     runners = []
 
-    def shutdown_then_deliver(config):
+    def shutdown():
         assert runners[0].shutdown() == 1
-        return Destination(config, environ=worker.peer.environ)
 
-    runners.append(worker.runner(destination_for=shutdown_then_deliver))
+    runners.append(worker.runner(destination_for=after_cutoff_2(worker.peer.environ, shutdown)))
     result = runners[0].run(job.id)
 
     assert (result.outcome, result.delivery, result.write) == (RunOutcome.DELIVERED, Status.COMPLETED,

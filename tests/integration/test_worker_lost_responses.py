@@ -120,5 +120,6 @@ def test_a_worker_whose_attempt_recovery_resolved_before_its_reread_does_nothing
     assert result.outcome is RunOutcome.GAVE_UP and result.write is None
     row = worker.seed.row(job)
     assert (row["status"], row["attempt_id"]) == ("OutcomeUnknown", result.attempt_id)
-    assert worker.seed.event_kinds(job) == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
+    # The baseline was recorded before cutoff 2; nothing after it.
+    assert worker.seed.event_kinds(job) == ["Claimed", "DeliveryEvidence", "DeliveryAuthorized", "ResolvedByRecovery"]
     assert worker.peer.files() == {} and worker.local_files() == []

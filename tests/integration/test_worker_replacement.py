@@ -9,13 +9,12 @@ import dataclasses
 import pytest
 
 from app.delivery.classifier import Unknown
-from app.delivery.destination import Destination
 from app.actors.runner import RunOutcome
 from app.store import export
 from app.store.types import Role, Status, WriteResult
 from tests.factories import Job
 from tests.factories_more import States
-from tests.fixtures.worker import Gate, insert_destination
+from tests.fixtures.worker import Gate, after_cutoff_2, insert_destination
 from tests.support import Background
 
 
@@ -75,26 +74,20 @@ def test_a_queued_replacement_whose_original_was_corrected_to_completed_ends_ori
     assert worker.peer.files() == {}
 
 
-class _ReplyLost:
-    """Delivers for real, then reports what a lost rename reply leaves the worker with."""
-
-    def __init__(self, inner: Destination) -> None:
-        self.inner = inner
-
-    def deliver(self, *args, **kwargs):
-        self.inner.deliver(*args, **kwargs)
-        return Unknown("the rename's reply was lost")
+def _reply_lost(delivered):
+    """What a lost rename reply leaves the worker with, after delivering for real."""
+    return Unknown("the rename's reply was lost")
 
 
 @pytest.mark.parametrize("read_back, code", [(True, "OriginalDelivered"), (False, "FinalNameOccupied")])
-def test_a_replacement_that_finds_a_file_under_the_final_name_uploads_nothing_and_says_whose_it_is(
+def test_a_replacement_that_finds_a_file_under_the_final_name_uploads_nothing_and_says_whose_it_is_before_cutoff_2(
         worker, read_back, code):
     # read_back: the contract lets the worker hash the file, which identifies it as the original's.
     destination_id = insert_destination(worker.conn, worker.tenant_id,
                                         dataclasses.replace(worker.peer.config, read_back=read_back))
     original = worker.queued(destination_id)
     environ = worker.peer.environ
-    first = worker.runner(destination_for=lambda config: _ReplyLost(Destination(config, environ=environ)))
+    first = worker.runner(destination_for=after_cutoff_2(environ, lambda: None, outcome=_reply_lost))
     assert first.run(original.id).delivery is Status.OUTCOME_UNKNOWN
     final = export.final_name(original.delivery_key)
     delivered = worker.peer.files()
@@ -103,9 +96,11 @@ def test_a_replacement_that_finds_a_file_under_the_final_name_uploads_nothing_an
 
     result = worker.runner().run(replacement.id)
 
-    assert (result.outcome, result.delivery, result.write) == (RunOutcome.DELIVERED, Status.FAILED,
-                                                               WriteResult.WRITTEN)
+    # The baseline is taken while the replacement is Running: it ends there, never authorized.
+    assert (result.outcome, result.delivery, result.write) == (RunOutcome.FAILED, None, WriteResult.WRITTEN)
     row = worker.seed.row(replacement)
-    assert (row["status"], row["failure_reason"]) == ("Failed", code)
+    assert (row["status"], row["failure_reason"], row["delivery_authorized_at"]) == ("Failed", code, None)
+    kinds = worker.seed.event_kinds(replacement)
+    assert kinds[0] == "Claimed" and kinds[-1] == "Failed" and "DeliveryAuthorized" not in kinds
     assert worker.peer.files() == delivered   # untouched, and nothing uploaded beside it
     assert worker.seed.status(original) is Status.OUTCOME_UNKNOWN

@@ -19,6 +19,12 @@ from app.devtools.demo.harness import (
     say,
 )
 
+#: Client-to-server bytes the link lets through before it holds in the too-late scene: the SSH
+#: handshake, authentication and the baseline listing take a few kilobytes, the export of the demo's
+#: contacts hundreds.
+UPLOAD_HOLD_AFTER_BYTES = 64 * 1024
+
+
 def delivered(demo: Demo) -> None:
     heading("1. Two exports, delivered")
     jobs = [demo.create(), demo.create()]
@@ -53,8 +59,10 @@ def stopped_while_building(demo: Demo) -> None:
 def too_late(demo: Demo) -> None:
     heading("4. Too late: canceled during delivery")
     assert demo.link is not None
-    say("  The link to the partner is held, so the upload waits after delivery was authorized.")
-    demo.link.hold()
+    say("  The link to the partner will be held part way into the upload, after delivery was authorized.")
+    # The worker reaches the partner before cutoff 2 (session, baseline listing): the hold must let
+    # that through and catch the upload, which is far larger.
+    demo.link.hold_after(UPLOAD_HOLD_AFTER_BYTES)
     try:
         job_id = demo.create("partner-slow-link")
         demo.wait_status(job_id, "Delivering")

@@ -9,10 +9,11 @@ RETURNING id;
 -- name: directory_add_destination
 -- The destination holds a reference to its credential (env:NAME, keyfile:/path), never the secret.
 INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref,
-                          remote_hash, acknowledgments, name_and_size_identify, read_back)
+                          remote_hash, acknowledgments, name_and_size_identify, read_back, max_sessions,
+                          auto_retries)
 VALUES (%(destination_id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(remote_dir)s,
         %(host_key)s, %(credential_ref)s, %(remote_hash)s, %(acknowledgments)s, %(name_and_size_identify)s,
-        %(read_back)s)
+        %(read_back)s, %(max_sessions)s, %(auto_retries)s)
 RETURNING id;
 
 -- name: directory_grant_operator
@@ -31,5 +32,5 @@ COPY contacts (tenant_id, email, full_name, company, phone, consent) FROM STDIN;
 -- name: directory_read_destination
 -- The job's destination, only if it belongs to the job's tenant.
 SELECT id, tenant_id, host, port, username, remote_dir, host_key, credential_ref, remote_hash,
-       acknowledgments, name_and_size_identify, read_back, active
+       acknowledgments, name_and_size_identify, read_back, active, max_sessions, auto_retries
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;

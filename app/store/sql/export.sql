@@ -117,23 +117,54 @@ SELECT id, attempt_id, 'Stopped', %(worker_id)s, %(stop_point)s, clock_timestamp
 RETURNING id;
 
 -- name: export_finish_failed
--- Running -> Failed with a code, for this attempt: nothing has left the process (BuildFailed), or the
--- destination check ended the attempt before cutoff 2 (FinalNameOccupied, OriginalDelivered).
+-- Running -> Failed with a code, for this attempt, before cutoff 2, so nothing has left the process:
+-- the build failed (BuildFailed), the destination check found the final name taken (FinalNameOccupied,
+-- OriginalDelivered), or the partner refused the configuration or stayed unreachable past the deferral
+-- budget (NotDelivered). A stop request recorded first wins: this matches nothing and the attempt
+-- records Stopped. The cause class (transient, configuration, permanent) follows the code in the detail.
 WITH failed AS (
     UPDATE export_jobs
     SET status = 'Failed', failure_reason = %(failure_reason)s, lease_expires_at = NULL
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
-      AND %(failure_reason)s IN ('BuildFailed', 'FinalNameOccupied', 'OriginalDelivered')
+      AND stop_request_id IS NULL
+      AND %(failure_reason)s IN ('BuildFailed', 'FinalNameOccupied', 'OriginalDelivered', 'NotDelivered')
+      AND (%(cause)s::text IS NULL OR %(cause)s::text IN ('transient', 'configuration', 'permanent'))
     RETURNING id, attempt_id, failure_reason)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
-SELECT id, attempt_id, 'Failed', %(worker_id)s, failure_reason || coalesce(': ' || %(detail)s::text, ''),
+SELECT id, attempt_id, 'Failed', %(worker_id)s,
+       failure_reason || coalesce(' (' || %(cause)s::text || ')', '') || coalesce(': ' || %(detail)s::text, ''),
        clock_timestamp()
 FROM failed
 RETURNING id;
 
+-- name: export_defer
+-- Running -> Queued for this attempt: the partner could not be reached before cutoff 2 (refused, dropped,
+-- timed out, no session free, or its circuit is open), so nothing has left the process. Only with no stop
+-- request and a current lease. The wake-up is due after the backoff; woken_at is that due time, so the
+-- sweeper counts from it. deferred_since keeps the first deferral, for the deferral budget.
+WITH deferred AS (
+    UPDATE export_jobs
+    SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
+        deferrals = deferrals + 1, deferred_since = coalesce(deferred_since, clock_timestamp()),
+        last_deferral = %(cause)s,
+        woken_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s)
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND stop_request_id IS NULL
+      AND lease_expires_at > clock_timestamp()
+    RETURNING id, woken_at),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT id, %(attempt_id)s, 'DeferredPartnerUnavailable', %(worker_id)s, %(cause)s, clock_timestamp()
+    FROM deferred)
+INSERT INTO outbox (message_id, kind, job_id, created_at, due_at)
+SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), woken_at FROM deferred
+RETURNING job_id, due_at;
+
 -- name: export_finish_delivery
 -- The delivering attempt's terminal write: Delivering -> Completed, Failed (with a code the destination
 -- proved) or OutcomeUnknown. After a takeover it matches nothing; the evidence appended before it stays.
+-- A Failed outcome's cause class follows its code in the detail (``Failed NotDelivered (transient): ...``):
+-- the retry policy reads it there.
 WITH finished AS (
     UPDATE export_jobs
     SET status = %(outcome)s,
@@ -143,10 +174,13 @@ WITH finished AS (
       AND %(outcome)s IN ('Completed', 'Failed', 'OutcomeUnknown')
       AND (%(outcome)s <> 'Failed'
            OR %(failure_reason)s::text IN ('NotDelivered', 'FinalNameOccupied', 'OriginalDelivered'))
+      AND (%(cause)s::text IS NULL OR (%(outcome)s = 'Failed'
+                                      AND %(cause)s::text IN ('transient', 'configuration', 'permanent')))
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
 SELECT id, attempt_id, 'Finished', %(worker_id)s,
-       status || coalesce(' ' || %(failure_reason)s::text, '') || coalesce(': ' || %(detail)s::text, ''),
+       status || coalesce(' ' || %(failure_reason)s::text, '') || coalesce(' (' || %(cause)s::text || ')', '')
+       || coalesce(': ' || %(detail)s::text, ''),
        clock_timestamp()
 FROM finished
 RETURNING id;

@@ -6,11 +6,18 @@ SELECT status, count(*) AS jobs FROM export_jobs GROUP BY status;
 -- name: metrics_backlog
 -- The numbers an operator acts on: the relay's lag, the oldest wait in Queued, leases nobody took over,
 -- OutcomeUnknown jobs waiting for a person, and the most republished job (the reference: alert when a
--- job's sweep_count keeps rising).
+-- job's sweep_count keeps rising). The relay's lag counts from when a row fell due: a deferral's wake-up
+-- waiting for its backoff is scheduled, not late, and is counted apart.
 SELECT
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS unpublished,
-    (SELECT extract(epoch FROM clock_timestamp() - min(created_at)) FROM outbox WHERE published_at IS NULL)
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL
+     AND coalesce(due_at, created_at) <= (SELECT clock_timestamp())) AS unpublished,
+    (SELECT extract(epoch FROM clock_timestamp() - min(coalesce(due_at, created_at))) FROM outbox
+     WHERE published_at IS NULL AND coalesce(due_at, created_at) <= (SELECT clock_timestamp()))
         AS oldest_unpublished_seconds,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL
+     AND coalesce(due_at, created_at) > (SELECT clock_timestamp())) AS scheduled,
+    (SELECT count(*) FROM export_jobs WHERE status = 'Queued' AND deferrals > 0
+     AND woken_at > (SELECT clock_timestamp())) AS deferred_jobs,
     (SELECT extract(epoch FROM clock_timestamp() - min(woken_at)) FROM export_jobs WHERE status = 'Queued')
         AS oldest_queued_seconds,
     (SELECT count(*) FROM export_jobs

@@ -6,7 +6,7 @@
 -- Nominates only: every takeover repeats these conditions in its own write. The bound is read once
 -- (a scalar subquery), so it is an index condition on ix_export_jobs_lease; a bare clock_timestamp()
 -- is volatile and would be re-evaluated against every Running and Delivering row.
-SELECT id, tenant_id, attempt_id, status, stop_request_id, attempt_count, replaces_job_id,
+SELECT id, tenant_id, attempt_id, status, stop_request_id, attempt_count, deferrals, replaces_job_id,
        expected_file_name, expected_file_bytes, expected_file_sha256, destination_id
 FROM export_jobs
 WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())
@@ -18,6 +18,10 @@ LIMIT %(batch_size)s;
 -- two recoveries (or a recovery and any writer of one row) never deadlock, and a renewal or a late
 -- authorization that holds a row makes the takeover wait and then re-evaluate, as a single-row write
 -- would. Each row taken over inserts its own event.
+
+-- The attempt cap counts the claims that did not end in a deferral (attempt_count - deferrals): a job
+-- deferred through a long partner outage has used none of its attempts, and one whose worker keeps
+-- crashing still ends at the cap.
 
 -- name: recovery_requeue_expired
 -- An expired Running attempt with no stop request, under the attempt cap, goes back to the queue with
@@ -35,7 +39,7 @@ requeued AS (
     FROM nominated n
     WHERE j.id = n.job_id AND j.id IN (SELECT id FROM locked)
       AND j.status = 'Running' AND j.attempt_id = n.attempt_id
-      AND j.stop_request_id IS NULL AND j.attempt_count < %(max_attempts)s
+      AND j.stop_request_id IS NULL AND j.attempt_count - j.deferrals < %(max_attempts)s
       AND j.lease_expires_at < clock_timestamp()
     RETURNING j.id, n.attempt_id),
 event AS (
@@ -81,7 +85,7 @@ exhausted AS (
     FROM nominated n
     WHERE j.id = n.job_id AND j.id IN (SELECT id FROM locked)
       AND j.status = 'Running' AND j.attempt_id = n.attempt_id
-      AND j.stop_request_id IS NULL AND j.attempt_count >= %(max_attempts)s
+      AND j.stop_request_id IS NULL AND j.attempt_count - j.deferrals >= %(max_attempts)s
       AND j.lease_expires_at < clock_timestamp()
     RETURNING j.id, j.attempt_id)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)

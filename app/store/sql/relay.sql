@@ -1,13 +1,21 @@
 -- The relay's side of the outbox, run as exports_dispatcher: it may read rows and set published_at.
 
 -- name: relay_claim_batch
--- SKIP LOCKED lets several relays drain the outbox at once without publishing a row twice per pass.
-SELECT message_id, kind, job_id, created_at
+-- The rows that are due (a deferral's wake-up is due only after its backoff), oldest due first. SKIP
+-- LOCKED lets several relays drain the outbox at once without publishing a row twice per pass. The
+-- bound is read once (a scalar subquery), so it is an index condition on ix_outbox_unpublished.
+SELECT message_id, kind, job_id, created_at, due_at
 FROM outbox
-WHERE published_at IS NULL
-ORDER BY created_at
+WHERE published_at IS NULL AND coalesce(due_at, created_at) <= (SELECT clock_timestamp())
+ORDER BY coalesce(due_at, created_at)
 LIMIT %(batch_size)s
 FOR UPDATE SKIP LOCKED;
+
+-- name: relay_next_due
+-- Seconds until the next unpublished row falls due (NULL when none waits), so the relay sleeps no longer.
+SELECT extract(epoch FROM min(coalesce(due_at, created_at)) - clock_timestamp()) AS seconds
+FROM outbox
+WHERE published_at IS NULL;
 
 -- name: relay_mark_published
 UPDATE outbox

@@ -1,8 +1,11 @@
 -- What the worker reads around its writes. The message is a hint: every decision starts from these.
 
 -- name: worker_read_job
--- The job as the runner needs it, re-read from the row rather than taken from the message.
-SELECT id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id, overwrite_agreement_ref
+-- The job as the runner needs it, re-read from the row rather than taken from the message: with how
+-- often and since how long (on the database's clock) it has been deferred, for the next backoff and
+-- the deferral budget.
+SELECT id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id, overwrite_agreement_ref,
+       deferrals, extract(epoch FROM clock_timestamp() - deferred_since) AS deferred_for_seconds, last_deferral
 FROM export_jobs WHERE id = %(job_id)s;
 
 -- name: worker_read_original_expected

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from app.delivery.classifier import Completed, Failed, Unknown
-from app.delivery.destination import Destination, ack_name, temp_name
+from app.delivery.destination import Destination, temp_name
 from app.delivery.errors import CredentialError
 from app.delivery.evidence import Evidence, EvidenceStage, Proof
+from app.delivery.listing import ack_name
 from app.store.types import ExpectedFile, FailureCode
 from tests.fixtures.sftp import SftpPeer, key_secrets, make_client_key
 

@@ -123,6 +123,11 @@ SCANS = [
     ("recovery_scan_outcome_unknown", dict(after=None, batch_size=200),
      ("ix_export_jobs_outcome_unknown (no condition)", "ix_export_jobs_status_created")),
     ("recovery_read_evidence", dict(job_id=uuid.uuid4(), attempt_id=uuid.uuid4()), "ix_export_attempt_events_attempt"),
+    # Due wake-ups only, oldest due first; deferrals' rows wait in the same partial index.
+    ("relay_claim_batch", dict(batch_size=200), "ix_outbox_unpublished"),
+    # Recent proven non-deliveries only, however many exports ever completed.
+    ("retries_scan_due", dict(created_by="retry-policy", backoff_seconds=60, window_seconds=86400, batch_size=100),
+     "ix_export_jobs_not_delivered"),
 ]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import app
-from app.config import Settings, resolve_database_url
+from app.config import ConfigError, Settings, resolve_database_url
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,3 +67,23 @@ def test_importing_the_command_starts_and_imports_no_embedded_service():
 ])
 def test_debug_is_on_when_exports_debug_is_set_to_anything(environ, debug):
     assert Settings.from_env(environ).debug is debug
+
+
+def test_the_deferral_backoff_budget_and_retry_policy_are_read_from_the_environment():
+    settings = Settings.from_env({"EXPORTS_DEFER_BASE_SECONDS": "0.5", "EXPORTS_DEFER_MAX_SECONDS": "3",
+                                  "EXPORTS_DEFER_TOTAL_SECONDS": "600", "EXPORTS_SESSION_IDLE_SECONDS": "10",
+                                  "EXPORTS_RETRY_BACKOFF_SECONDS": "120", "EXPORTS_RETRY_INTERVAL": "15"})
+
+    assert (settings.defer_base_seconds, settings.defer_max_seconds, settings.defer_total_seconds) == (0.5, 3.0, 600.0)
+    assert (settings.session_idle_seconds, settings.retry_backoff_seconds, settings.retry_interval_seconds) == (
+        10.0, 120.0, 15.0)
+    defaults = Settings.from_env({})
+    assert (defaults.defer_base_seconds, defaults.defer_max_seconds, defaults.defer_total_seconds) == (
+        5.0, 300.0, 6 * 3600.0)
+
+
+@pytest.mark.parametrize("env", [{"EXPORTS_DEFER_BASE_SECONDS": "10", "EXPORTS_DEFER_MAX_SECONDS": "5"},
+                                 {"EXPORTS_DEFER_TOTAL_SECONDS": "0"}, {"EXPORTS_DEFER_BASE_SECONDS": "soon"}])
+def test_a_deferral_setting_that_could_not_work_is_refused_naming_the_variable(env):
+    with pytest.raises(ConfigError, match="EXPORTS_DEFER_"):
+        Settings.from_env(env)
