@@ -124,9 +124,10 @@ def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner,
     sessions = SessionPool(DatabaseSlots(slots_db), idle_seconds=settings.session_idle_seconds)
     watcher = StopWatcher(url, poll_seconds=settings.stop_poll_seconds)
     leases = Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds)
+    builder = ContactsBuilder(url, settings.work_dir)
     parts: dict[str, object] = dict(
         db=db, lease_seconds=settings.lease_seconds, policy=ExportPolicy(),
-        builder=ContactsBuilder(url, settings.work_dir), leases=leases, watcher=watcher, sessions=sessions,
+        builder=builder, leases=leases, watcher=watcher, sessions=sessions,
         deferrals=DeferralPolicy.from_settings(settings))
     parts.update(overrides)
     runner = ExportRunner(**parts)  # type: ignore[arg-type]
@@ -137,6 +138,7 @@ def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner,
             leases.db.close()
         sessions.close()
         slots_db.close()
+        builder.close()
         db.close()
 
     return runner, close

@@ -89,7 +89,13 @@ def test_a_build_whose_stop_is_already_set_does_not_query_at_all(db_url, tenants
     stop = StopSignal()
     stop.set(StopReason.LEASE_LOST)
     connects = []
-    builder = ContactsBuilder(db_url, tmp_path, connect_app=lambda: connects.append(1))
+
+    class Recorded:
+        def connection(self):
+            connects.append(1)
+            raise AssertionError("the build asked for a connection")
+
+    builder = ContactsBuilder(db_url, tmp_path, db=Recorded())
 
     with pytest.raises(BuildStopped) as stopped:
         builder.build(job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant,
