@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -12,10 +14,33 @@ from psycopg.conninfo import make_conninfo
 from app.store.migrate import migrate
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: Where the bench's own PostgreSQL lives on a machine without one (``make bench`` on a fresh laptop).
+EMBEDDED_DIR = Path("var/bench-pg")
 
 
+@functools.cache
 def base_url() -> str:
-    return os.environ.get("EXPORTS_BENCH_DATABASE_URL") or DEFAULT_URL
+    """EXPORTS_BENCH_DATABASE_URL, else the local PostgreSQL at 5432, else an embedded one (pgserver,
+    the same binaries the product's embedded default runs), whose pgbench and psql then come first on
+    PATH so the ceilings run against the same server."""
+    configured = os.environ.get("EXPORTS_BENCH_DATABASE_URL")
+    if configured:
+        return configured
+    try:
+        psycopg.connect(DEFAULT_URL, connect_timeout=3).close()
+        return DEFAULT_URL
+    except psycopg.OperationalError:
+        pass
+    import warnings
+
+    import pgserver
+    from pgserver.postgres_server import POSTGRES_BIN_PATH
+
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    EMBEDDED_DIR.parent.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(EMBEDDED_DIR.resolve(), cleanup_mode="stop")
+    os.environ["PATH"] = f"{POSTGRES_BIN_PATH}{os.pathsep}{os.environ.get('PATH', '')}"
+    return server.get_uri()
 
 
 def create(base: str, name: str) -> str:

