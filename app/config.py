@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
-
 
 from app.errors import ExportsError
 
@@ -84,7 +83,7 @@ class Settings:
     retry_interval_seconds: float = 30.0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         state_dir = Path(env.get("EXPORTS_STATE_DIR") or "var").resolve()
         settings = cls(
@@ -155,7 +154,7 @@ def resolve_database_url(settings: Settings) -> str:
     migrated if need be. Every process resolves its database here, once."""
     if settings.database_url:
         return settings.database_url
-    from app import embedded   # pgserver is imported only when there is no configured database
+    from app import embedded  # pgserver is imported only when there is no configured database
 
     return embedded.database_url(settings)
 

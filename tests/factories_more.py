@@ -8,8 +8,9 @@ not. The tools that force interleavings are in tests/support.py.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 from uuid import UUID
 
 import psycopg

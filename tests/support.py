@@ -5,8 +5,9 @@ rather than hoped for. Loaded as a fixture plugin too (``threads``)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Generic, Iterator, TypeVar, Union
+from typing import Generic, TypeVar, Union
 
 import psycopg
 import pytest

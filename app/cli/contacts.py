@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from app.cli.common import MAX_NAME, bad_input, printable
 from app.store.directory import NewContact

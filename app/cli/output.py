@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any
 from uuid import UUID
 
 from app.cli.common import Context, printable

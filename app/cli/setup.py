@@ -7,7 +7,8 @@ import argparse
 import uuid
 from pathlib import Path
 
-from app.cli import contacts as cli_contacts, lookup as cli_lookup
+from app.cli import contacts as cli_contacts
+from app.cli import lookup as cli_lookup
 from app.cli.common import (
     EXIT_OK,
     Context,

@@ -22,7 +22,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 #: What the proxy connects to: a port on 127.0.0.1, a (host, port) pair or a unix socket path.
 Upstream = Union[int, tuple[str, int], str]

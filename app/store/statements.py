@@ -9,8 +9,8 @@ psycopg's ``%(name)s`` placeholders, so no statement is ever built by concatenat
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 SQL_DIR = Path(__file__).with_name("sql")
 _NAME = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)

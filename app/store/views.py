@@ -180,7 +180,7 @@ class Views:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Views":
+    def __enter__(self) -> Views:
         return self
 
     def __exit__(self, *exc: object) -> None:

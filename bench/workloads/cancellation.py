@@ -1,4 +1,4 @@
-"""Workload 6: cancellation, uncontended and contended.
+r"""Workload 6: cancellation, uncontended and contended.
 
 Uncontended: 4 clients cancel Queued jobs of their own through ``app.store.cancellation.
 request_cancellation`` (lock, look up the request id, cancel, record: one transaction). Ceiling:

@@ -35,8 +35,7 @@ from app.store import directory, export
 from app.store.database import connect
 from app.store.types import ExpectedFile, Role
 from bench import system
-from bench.harness import (Context, Outcome, Row, Stat, Workload, at_least, log, percentile, settle,
-                           value_at_most)
+from bench.harness import Context, Outcome, Row, Stat, Workload, at_least, log, percentile, settle, value_at_most
 
 WORKERS = 2
 THREADS = 2

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from app.cli.main import build_parser
 from app.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.cli.main import build_parser
 from app.devtools.processes import clean_environ
 from app.store import directory, export, partner
 from app.store.database import connect

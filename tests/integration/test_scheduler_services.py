@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from app import logs
+from app.config import Settings
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
 from app.devtools.waiting import wait_until
-from app.config import Settings
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
-from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig
+from app.maintenance.scavenger import ScavengeCounts, Scavenger, ScavengerConfig
 from app.maintenance.sweeper import SweepCounts, Sweeper, SweeperConfig
 from app.scheduler import build_scheduler, run_forever
 from app.store import export
