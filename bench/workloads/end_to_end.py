@@ -171,7 +171,7 @@ def system_run(url: str, procs: system.Processes, tenant: uuid.UUID, destination
         creator.stop.set()
         thread.join()
         cpu = system.process_tree_cpu(procs.pids()) - cpu_before
-        busy = [a - b for a, b in zip(_busy_jiffies(), busy_before)]
+        busy = [a - b for a, b in zip(_busy_jiffies(), busy_before, strict=True)]
         # Let the backlog finish so the next run starts with none.
         deadline = time.monotonic() + 120
         while _counts(conn) - start_count < len(creator.created) and time.monotonic() < deadline:

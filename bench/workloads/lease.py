@@ -130,7 +130,7 @@ def run(ctx: Context) -> Outcome:
     keep_renewed(url, min(n, 100), 1.0)   # warm-up
     ceilings, ourselves = ctx.paired(ceiling, ours, prepare=lambda: settle(url))
     time.sleep(1)   # closed backends report their statistics as they exit
-    upd, hot = (a - b for a, b in zip(hot_counts(url), hot_before))
+    upd, hot = (a - b for a, b in zip(hot_counts(url), hot_before, strict=True))
     scale = renew / PRODUCTION_RENEW_SECONDS
     outcome = Outcome()
     outcome.rows += [

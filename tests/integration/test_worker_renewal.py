@@ -3,6 +3,8 @@ the keeper's one connection, and the end of an attempt is never reported as a lo
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import psycopg
 import pytest
 from psycopg.rows import dict_row
@@ -95,7 +97,7 @@ def test_an_on_demand_renewal_overlapping_a_scheduled_one_waits_for_it_instead_o
     first_on_demand = next(r for r in keeper.history if r.kind == "on-demand")
     assert scheduled.kind == "scheduled" and scheduled.ended <= first_on_demand.started
     ordered = sorted(keeper.history, key=lambda r: r.started)
-    assert all(a.ended <= b.started for a, b in zip(ordered, ordered[1:]))   # never two at once
+    assert all(a.ended <= b.started for a, b in pairwise(ordered))   # never two at once
     assert not stop.is_set()
     assert seed.row(untouched)["lease_expires_at"] == before
 
