@@ -23,10 +23,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Union
 
 #: What the proxy connects to: a port on 127.0.0.1, a (host, port) pair or a unix socket path.
-Upstream = Union[int, tuple[str, int], str]
+Upstream = int | tuple[str, int] | str
 #: Bytes read at a time by the default framing.
 CHUNK = 65536
 #: Seconds close() waits for the proxy's threads, all together.
