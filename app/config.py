@@ -126,7 +126,8 @@ class Settings:
             raise ConfigError("EXPORTS_BROKER_URL must start with redis://, rediss://, unix:// (a Redis socket), "
                               "amqp:// or amqps://")
         if settings.log_format not in LOG_FORMATS:
-            raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {settings.log_format!r}")
+            raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, "
+                              f"not {settings.log_format!r}")
         for name in ("relay_metrics", "scheduler_metrics", "worker_metrics"):
             _check_address(f"EXPORTS_{name.upper()}", getattr(settings, name))
         return settings

@@ -171,4 +171,5 @@ class StopWatcher:
             # after its callbacks (the builder's query cancel), by which time the run may have ended.
             if watched.stop.set(StopReason.STOP_REQUESTED,
                                 before_wake=self._count_notify if by_notify else self._count_poll):
-                log.info("watcher.stop_confirmed", job_id=job_id, attempt_id=watched.attempt_id, via="notify" if by_notify else "poll")
+                log.info("watcher.stop_confirmed", job_id=job_id, attempt_id=watched.attempt_id,
+                         via="notify" if by_notify else "poll")

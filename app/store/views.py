@@ -203,7 +203,8 @@ class Views:
     def destination(self, tenant_id: UUID, destination_id: UUID) -> Destination | None:
         """One of this tenant's destinations; another tenant's answers None, like a missing one."""
         D = models.Destination
-        return self._one(Destination, _select(D, Destination).where((D.tenant_id == tenant_id) & (D.id == destination_id)))
+        return self._one(Destination,
+                         _select(D, Destination).where((D.tenant_id == tenant_id) & (D.id == destination_id)))
 
     def destinations_named(self, tenant_id: UUID, name: str, *, limit: int) -> list[Destination]:
         D = models.Destination

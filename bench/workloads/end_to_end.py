@@ -205,7 +205,8 @@ def latencies(url: str, jobs: list[uuid.UUID]) -> tuple[list[float], list[float]
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             """
-            WITH created AS (SELECT job_id, min(created_at) AS at FROM outbox WHERE job_id = ANY(%(ids)s) GROUP BY job_id)
+            WITH created AS (SELECT job_id, min(created_at) AS at FROM outbox
+                             WHERE job_id = ANY(%(ids)s) GROUP BY job_id)
             SELECT extract(epoch FROM c.recorded_at - created.at) AS claimed,
                    extract(epoch FROM f.recorded_at - created.at) AS finished
             FROM created

@@ -181,7 +181,8 @@ def test_a_build_that_fails_on_its_own_ends_failed_with_build_failed(worker):
     assert worker.local_files() == [] and worker.peer.files() == {}
 
 
-def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_its_terminal_write_matches_nothing(worker):
+def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_its_terminal_write_matches_nothing(
+        worker):
     job = worker.queued()
     runners = []
 
