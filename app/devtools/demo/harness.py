@@ -166,8 +166,9 @@ class Demo:
             raise DemoFailed(str(exc)) from None
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = SCENE_TIMEOUT) -> str:
+        # "" until then: wait_for returns the first truthy answer, so always one of the statuses.
         status = self.wait_for(f"export {job_id} to be {' or '.join(statuses)}",
-                               lambda: (s := self.status(job_id)) in statuses and s, timeout)
+                               lambda: s if (s := self.status(job_id)) in statuses else "", timeout)
         say(f"  -> export {job_id[:8]} is {status}")
         return status
 
