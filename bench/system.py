@@ -3,7 +3,7 @@
 
 The partner is a real OpenSSH sshd on loopback when this runs as root with Debian's openssh-server
 (``tests/fixtures/sftp.py`` starts it, as the tests do), else the embedded partner server the demo
-starts (``app.embedded.start_partner``).
+starts (``app.devtools.partner.start_partner``).
 """
 
 from __future__ import annotations
@@ -55,17 +55,16 @@ def partner(base: Path) -> Iterator[PartnerAccess]:
             yield PartnerAccess("OpenSSH sshd", cfg.host, cfg.port, cfg.username, cfg.remote_dir, cfg.host_key,
                                 f"keyfile:{peer.environ[KEYFILE_ENV]}", peer.inbox)
         return
-    from app import embedded
+    from app.devtools.partner import start_partner
 
-    settings = Settings(state_dir=base / "embedded")
-    started = embedded.start_partner(settings)
+    started = start_partner(Settings(state_dir=base / "embedded"))
     inbox = started.root / "inbox"
     inbox.mkdir(parents=True, exist_ok=True)
     try:
         yield PartnerAccess("embedded partner server", started.host, started.port, started.username, "/inbox",
                             started.host_key, started.credential_ref, inbox)
     finally:
-        embedded.stop_process(started.process)
+        started.stop()
 
 
 def add_tenant(url: str, access: PartnerAccess, contacts: int) -> tuple[uuid.UUID, uuid.UUID]:
