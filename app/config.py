@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
-
 
 from app.errors import ExportsError
 
@@ -84,7 +83,7 @@ class Settings:
     retry_interval_seconds: float = 30.0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         state_dir = Path(env.get("EXPORTS_STATE_DIR") or "var").resolve()
         settings = cls(
@@ -127,7 +126,8 @@ class Settings:
             raise ConfigError("EXPORTS_BROKER_URL must start with redis://, rediss://, unix:// (a Redis socket), "
                               "amqp:// or amqps://")
         if settings.log_format not in LOG_FORMATS:
-            raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {settings.log_format!r}")
+            raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, "
+                              f"not {settings.log_format!r}")
         for name in ("relay_metrics", "scheduler_metrics", "worker_metrics"):
             _check_address(f"EXPORTS_{name.upper()}", getattr(settings, name))
         return settings
@@ -155,7 +155,7 @@ def resolve_database_url(settings: Settings) -> str:
     migrated if need be. Every process resolves its database here, once."""
     if settings.database_url:
         return settings.database_url
-    from app import embedded   # pgserver is imported only when there is no configured database
+    from app import embedded  # pgserver is imported only when there is no configured database
 
     return embedded.database_url(settings)
 

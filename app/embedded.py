@@ -83,7 +83,7 @@ def stop_database(settings: Settings) -> bool:
     """Stops the embedded PostgreSQL if it runs; True when it did."""
     if not database_running(settings):
         return False
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # pgserver defines it at import (globals())
 
     server = _server(settings)
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from app import __version__, logs
 from app.store import heartbeat
@@ -29,7 +29,7 @@ SILENT_INTERVALS = 3
 def identity(role: str) -> ProcessIdentity:
     """This process: ``host:pid``, the prefix of the ``claimed_by`` of every attempt it claims."""
     host, pid = socket.gethostname(), os.getpid()
-    return ProcessIdentity(f"{host}:{pid}", role, host, pid, __version__, datetime.now(timezone.utc))
+    return ProcessIdentity(f"{host}:{pid}", role, host, pid, __version__, datetime.now(UTC))
 
 
 class Heartbeat:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, TextIO
 from uuid import UUID
@@ -76,7 +76,7 @@ def _plain(value: Any) -> Any:
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
 
 
 class TextFormatter(logging.Formatter):

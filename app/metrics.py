@@ -72,7 +72,8 @@ class _Worker:
 
         self.claims = Counter("exports_claims_total", "Claims (cutoff 1) by result: won, lost, unknown.", ["result"])
         self.runs = Counter("exports_runs_total", "Runs of the export actor by how they ended.", ["outcome"])
-        self.stops_obeyed = Counter("exports_stops_obeyed_total", "Stop requests that ended an attempt before cutoff 2.")
+        self.stops_obeyed = Counter("exports_stops_obeyed_total",
+                                    "Stop requests that ended an attempt before cutoff 2.")
         self.stop_latency = Histogram("exports_stop_latency_seconds",
                                       "From the attempt's stop signal to its Stopped write.", buckets=SECONDS_BUCKETS)
         self.deliveries = Counter("exports_deliveries_total", "Deliveries past cutoff 2 by outcome.", ["outcome"])

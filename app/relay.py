@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -74,7 +74,7 @@ class RelayPass:
 
 
 def _age_seconds(due: datetime) -> float:
-    return max(0.0, (datetime.now(timezone.utc) - due).total_seconds())
+    return max(0.0, (datetime.now(UTC) - due).total_seconds())
 
 
 def message_for(row: OutboxMessage, *, queue_name: str = EXPORT_QUEUE) -> dramatiq.Message:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
@@ -57,7 +57,7 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
     for name, run, interval in services:
         scheduler.add_job(_run_logged(name, run), "interval", seconds=interval, id=name, name=name,
                           max_instances=1, coalesce=True, misfire_grace_time=None,
-                          next_run_time=datetime.now(timezone.utc))
+                          next_run_time=datetime.now(UTC))
     return scheduler
 
 

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import _scratch, harness, report, system
@@ -60,7 +60,7 @@ def main() -> int:
         chosen = [w for w in ALL if w.key in keys]
 
     started = time.perf_counter()
-    stamp = datetime.now(timezone.utc)
+    stamp = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="exports-bench-") as tmp, contextlib.ExitStack() as stack:
         broker_url = os.environ.get("EXPORTS_BENCH_BROKER_URL")
         if not broker_url:

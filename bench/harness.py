@@ -25,7 +25,6 @@ import psycopg
 
 from bench import _scratch
 
-
 # --- figures -------------------------------------------------------------------------------------
 
 
@@ -47,7 +46,7 @@ class Stat:
     samples: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, samples: list[float] | tuple[float, ...]) -> "Stat":
+    def of(cls, samples: list[float] | tuple[float, ...]) -> Stat:
         samples = tuple(float(s) for s in samples)
         return cls(statistics.median(samples), min(samples), max(samples), samples)
 
@@ -127,7 +126,7 @@ class Workload:
     key: str
     title: str
     what: str
-    run: Callable[["Context"], Outcome]
+    run: Callable[[Context], Outcome]
 
 
 # --- sizes -----------------------------------------------------------------------------------------

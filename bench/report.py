@@ -86,7 +86,7 @@ def charts(results: dict[str, Any], out: Path) -> dict[str, list[str]]:
         ratios = [ratio for _, ratio, _ in labelled][::-1]
         goals = [goal["threshold"] for _, _, goal in labelled][::-1]
         colours = ["tab:green" if (r >= g if goal["kind"] == "ratio_min" else r <= g) else "tab:red"
-                   for (_, _, goal), r, g in zip(labelled[::-1], ratios, goals)]
+                   for (_, _, goal), r, g in zip(labelled[::-1], ratios, goals, strict=True)]
         ax.barh(names, ratios, color=colours)
         ax.scatter(goals, names, marker="|", s=250, color="black", label="goal", zorder=3)
         ax.set_xscale("log")
@@ -102,7 +102,7 @@ def charts(results: dict[str, Any], out: Path) -> dict[str, list[str]]:
             fig, ax = plt.subplots(figsize=(8, 3.2))
             for name, points in series.items():
                 if points:
-                    xs, ys = zip(*points)
+                    xs, ys = zip(*points, strict=True)
                     ax.plot(xs, ys, label=name, marker="." if len(points) < 60 else None)
             ax.set_title(f"{workload['key']} {title}")
             ax.set_xlabel(title.split(" vs ")[-1] if " vs " in title else "seconds")

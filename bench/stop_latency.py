@@ -124,7 +124,9 @@ def stop_latencies(url: str, runs: int, work_dir: Path) -> list[float]:
                 assert export.create(conn, job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
                                    delivery_key=uuid.uuid4().hex, created_by="bench") is export.CreateResult.CREATED
                 results = []
-                thread = threading.Thread(target=lambda: results.append(runner.run(job_id)))
+                # Bound now: a run that outlives the join must not report into the next iteration's list.
+                thread = threading.Thread(target=lambda runner=runner, job_id=job_id, results=results:
+                                          results.append(runner.run(job_id)))
                 thread.start()
                 if not hold.building.wait(30):
                     raise RuntimeError("the build never started")

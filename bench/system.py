@@ -149,7 +149,7 @@ class Processes:
     running: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @classmethod
-    def for_database(cls, url: str, broker_url: str, state: Path, **extra: str) -> "Processes":
+    def for_database(cls, url: str, broker_url: str, state: Path, **extra: str) -> Processes:
         base = {k: v for k, v in os.environ.items() if not k.startswith("EXPORTS_")}
         env = dict(base, EXPORTS_DATABASE_URL=url, EXPORTS_BROKER_URL=broker_url, EXPORTS_STATE_DIR=str(state),
                    EXPORTS_WORK_DIR=str(state / "work"), PYTHONPATH=str(ROOT), **extra)

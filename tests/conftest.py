@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import psycopg
 import pytest
@@ -21,7 +21,8 @@ from app.store.types import Role
 # Every module in tests/fixtures/ is a fixture plugin (SFTP servers, the database proxy, processes...),
 # and so is tests/support.py (``threads``).
 pytest_plugins = sorted(
-    f"tests.fixtures.{path.stem}" for path in (Path(__file__).parent / "fixtures").glob("*.py") if path.stem != "__init__"
+    f"tests.fixtures.{path.stem}" for path in (Path(__file__).parent / "fixtures").glob("*.py")
+    if path.stem != "__init__"
 ) + ["tests.support"]
 
 IN_CI = os.environ.get("CI") == "true"

@@ -91,7 +91,8 @@ class Seeder:
             (minutes, job.id))
 
     def status(self, job: Job) -> Status:
-        return Status(self.admin.execute("SELECT status FROM export_jobs WHERE id = %s", (job.id,)).fetchone()["status"])
+        row = self.admin.execute("SELECT status FROM export_jobs WHERE id = %s", (job.id,)).fetchone()
+        return Status(row["status"])
 
     def row(self, job: Job) -> dict:
         return self.admin.execute("SELECT * FROM export_jobs WHERE id = %s", (job.id,)).fetchone()

@@ -8,8 +8,9 @@ not. The tools that force interleavings are in tests/support.py.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -137,7 +138,8 @@ def catalog_database(pg_server_url: str, template_db: str) -> Iterator[psycopg.C
     read the catalog (grants, constraints, columns) and so need no copy of their own."""
     name = f"exports_c_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server_url, autocommit=True) as server:
-        server.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
+        server.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
+                                                                        sql.Identifier(template_db)))
     try:
         with psycopg.connect(make_conninfo(pg_server_url, dbname=name), autocommit=True, row_factory=dict_row) as conn:
             yield conn

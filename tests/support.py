@@ -5,8 +5,9 @@ rather than hoped for. Loaded as a fixture plugin too (``threads``)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Generic, Iterator, TypeVar, Union
+from typing import Generic, TypeVar
 
 import psycopg
 import pytest
@@ -15,7 +16,7 @@ from app.devtools.waiting import wait_until
 
 T = TypeVar("T")
 #: A backend: a connection, or its backend pid.
-Backend = Union[psycopg.Connection, int]
+Backend = psycopg.Connection | int
 
 #: How long a test waits for a statement to be seen blocked, or for a thread to finish, in seconds.
 WAIT_SECONDS = 10.0

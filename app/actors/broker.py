@@ -13,8 +13,8 @@ the export actor is declared, which is what makes ``dramatiq app.actors.worker``
 from __future__ import annotations
 
 import threading
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import dramatiq
 import redis

@@ -97,7 +97,7 @@ class Deduplicate(Middleware):
             return
         if seen:
             log.info("dedup.skipped", message_id=message.message_id, actor=message.actor_name)
-            raise SkipMessage("message %s was already processed" % message.message_id)
+            raise SkipMessage(f"message {message.message_id} was already processed")
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         if exception is not None:

@@ -8,7 +8,7 @@ host may scavenge the same directory, which is safe: each deletion is of a file 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dramatiq
 
@@ -35,7 +35,7 @@ class ProcessServices(dramatiq.Middleware):
         shared_scheduler().add_job(_scavenge, "interval", args=(scavenger,),
                                    seconds=self.settings.scavenge_interval_seconds, id="scavenger",
                                    max_instances=1, coalesce=True, misfire_grace_time=None,
-                                   next_run_time=datetime.now(timezone.utc), replace_existing=True)
+                                   next_run_time=datetime.now(UTC), replace_existing=True)
 
     def before_worker_shutdown(self, broker, worker) -> None:
         if self._heartbeat is not None:

@@ -18,8 +18,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from uuid import UUID
 
 from app import logs, metrics
@@ -308,7 +308,8 @@ class ExportRunner:
                 self._append_evidence(job.id, attempt_id, f"{worker_id}/{attempt_id}",
                                       outcome_evidence(outcome, attempt_id))
             except Exception as exc:
-                log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id, error=type(exc).__name__)
+                log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id,
+                          error=type(exc).__name__)
             metrics.worker().upload_seconds.observe(time.monotonic() - started)
             metrics.worker().deliveries.labels(status.value).inc()
             if status is Status.COMPLETED:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from app import logs
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from uuid import UUID
 
 import psycopg
@@ -44,14 +44,14 @@ class _Watched:
 class Watch:
     """One attempt's registration; ``close()`` (or leaving the ``with`` block) ends it."""
 
-    def __init__(self, watcher: "StopWatcher", job_id: UUID) -> None:
+    def __init__(self, watcher: StopWatcher, job_id: UUID) -> None:
         self._watcher = watcher
         self.job_id = job_id
 
     def close(self) -> None:
         self._watcher._unwatch(self.job_id)
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -171,4 +171,5 @@ class StopWatcher:
             # after its callbacks (the builder's query cancel), by which time the run may have ended.
             if watched.stop.set(StopReason.STOP_REQUESTED,
                                 before_wake=self._count_notify if by_notify else self._count_poll):
-                log.info("watcher.stop_confirmed", job_id=job_id, attempt_id=watched.attempt_id, via="notify" if by_notify else "poll")
+                log.info("watcher.stop_confirmed", job_id=job_id, attempt_id=watched.attempt_id,
+                         via="notify" if by_notify else "poll")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 from uuid import UUID
 
 import psycopg

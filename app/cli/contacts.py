@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from app.cli.common import MAX_NAME, bad_input, printable
 from app.store.directory import NewContact
@@ -75,7 +75,8 @@ def read_csv(path: Path) -> list[NewContact]:
             missing = [c for c in REQUIRED_COLUMNS if c not in header]
             if missing:
                 raise bad_input(f"{printable(str(path), 120)}: missing column(s) {', '.join(missing)}; "
-                                f"the header needs {', '.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})")
+                                f"the header needs {', '.join(REQUIRED_COLUMNS)} "
+                                f"(optional: {', '.join(OPTIONAL_COLUMNS)})")
             for row in reader:
                 line = reader.line_num
                 if None in row:
@@ -110,6 +111,7 @@ def generate(count: int, *, seed: int | None = None) -> Iterator[NewContact]:
             email=f"{local}.{n}@{rng.choice(_DOMAIN)}",
             full_name=f"{first} {last}",
             company=company,
-            phone=f"+1-555-{rng.randrange(100, 1000):03d}-{rng.randrange(0, 10000):04d}" if rng.random() < 0.7 else None,
+            phone=(f"+1-555-{rng.randrange(100, 1000):03d}-{rng.randrange(0, 10000):04d}"
+                   if rng.random() < 0.7 else None),
             consent=rng.random() >= 0.125,
         )

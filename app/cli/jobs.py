@@ -262,8 +262,9 @@ def correct(ctx: Context, args: argparse.Namespace) -> int:
                                    corrected_by=args.by)
     if not written:
         current = cli_lookup.job(views, tenant, job.id)
-        raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; a correction "
-                      f"changes a recorded {args.from_.value} of that attempt once", status=current.status)
+        raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; "
+                      f"a correction changes a recorded {args.from_.value} of that attempt once",
+                      status=current.status)
     emit(ctx, f"export {job.id} corrected from {args.from_.value} to {args.to.value}",
          {"job_id": str(job.id), "from": args.from_.value, "to": args.to.value})
     return EXIT_OK

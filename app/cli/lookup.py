@@ -67,5 +67,6 @@ def require_grant(views: Views, operator: str, tenant_row: Tenant, *, reconcilia
     if access is None:
         raise refused(f"operator {printable(operator, 80)!r} is not allowed to act for tenant {tenant_row.name!r}")
     if reconciliation and not access.reconciliation:
-        raise refused(f"operator {printable(operator, 80)!r} has no reconciliation access for tenant {tenant_row.name!r}")
+        raise refused(f"operator {printable(operator, 80)!r} has no reconciliation access "
+                      f"for tenant {tenant_row.name!r}")
     return access

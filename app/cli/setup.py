@@ -7,7 +7,8 @@ import argparse
 import uuid
 from pathlib import Path
 
-from app.cli import contacts as cli_contacts, lookup as cli_lookup
+from app.cli import contacts as cli_contacts
+from app.cli import lookup as cli_lookup
 from app.cli.common import (
     EXIT_OK,
     Context,
@@ -178,7 +179,8 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
         acknowledgments=args.acknowledgments, name_and_size_identify=args.name_and_size_identify,
         read_back=args.read_back, max_sessions=args.max_sessions, auto_retries=args.auto_retries)
     with ctx.connection() as conn:
-        if directory.add_destination(conn, destination_id=destination_id, destination=new) is directory.AddResult.UNKNOWN_TENANT:
+        added = directory.add_destination(conn, destination_id=destination_id, destination=new)
+        if added is directory.AddResult.UNKNOWN_TENANT:
             raise not_found(f"no tenant {tenant.id}")
     emit(ctx, f"destination {args.name!r} added to tenant {tenant.name!r}: {destination_id}\n"
               f"  pinned host key {key.get_name()} {fingerprint(key)}",
@@ -221,7 +223,8 @@ def operator_grant(ctx: Context, args: argparse.Namespace) -> int:
         if existing.reconciliation != args.reconciliation:
             raise refused(f"operator {args.operator!r} is already granted for tenant {tenant.name!r} with "
                           f"reconciliation={'yes' if existing.reconciliation else 'no'}; nothing changed")
-    emit(ctx, f"operator {args.operator!r} {'granted' if result is directory.GrantResult.GRANTED else 'already granted'}"
+    granted = "granted" if result is directory.GrantResult.GRANTED else "already granted"
+    emit(ctx, f"operator {args.operator!r} {granted}"
               f" for tenant {tenant.name!r}{' with reconciliation access' if args.reconciliation else ''}",
          {"operator": args.operator, "tenant_id": str(tenant.id), "result": result.value,
           "reconciliation": args.reconciliation})
@@ -233,13 +236,16 @@ def contacts_import(ctx: Context, args: argparse.Namespace) -> int:
     tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     with ctx.connection() as conn:
         count = directory.copy_contacts(conn, tenant_id=tenant.id, contacts=contacts)
-    emit(ctx, f"{count} contacts imported into tenant {tenant.name!r}", {"tenant_id": str(tenant.id), "imported": count})
+    emit(ctx, f"{count} contacts imported into tenant {tenant.name!r}",
+         {"tenant_id": str(tenant.id), "imported": count})
     return EXIT_OK
 
 
 def contacts_generate(ctx: Context, args: argparse.Namespace) -> int:
     tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     with ctx.connection() as conn:
-        count = directory.copy_contacts(conn, tenant_id=tenant.id, contacts=cli_contacts.generate(args.count, seed=args.seed))
-    emit(ctx, f"{count} contacts generated for tenant {tenant.name!r}", {"tenant_id": str(tenant.id), "generated": count})
+        count = directory.copy_contacts(conn, tenant_id=tenant.id,
+                                        contacts=cli_contacts.generate(args.count, seed=args.seed))
+    emit(ctx, f"{count} contacts generated for tenant {tenant.name!r}",
+         {"tenant_id": str(tenant.id), "generated": count})
     return EXIT_OK

@@ -131,7 +131,8 @@ def render_watch(views: Views, tenant_id: UUID | None, limit: int) -> tuple[str,
     by_status = views.counts_by_status(tenant_id=tenant_id)
     recent = views.jobs(tenant_id=tenant_id, limit=limit)
     summary = "  ".join(f"{s}: {by_status.get(s, 0)}" for s in STATUS_ORDER)
-    text = f"exports by state ({time.strftime('%H:%M:%S')})\n{summary}\n\n" + (table(HEADERS, _rows(recent)) if recent else "no exports")
+    listing = table(HEADERS, _rows(recent)) if recent else "no exports"
+    text = f"exports by state ({time.strftime('%H:%M:%S')})\n{summary}\n\n{listing}"
     return text, {"counts": {s: by_status.get(s, 0) for s in STATUS_ORDER},
                   "recent": [{"job_id": j.id, "status": j.status} for j in recent]}
 

@@ -19,7 +19,6 @@ import json
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Union
 
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
@@ -85,7 +84,7 @@ class Unknown:
     status: str = "OutcomeUnknown"
 
 
-DeliveryOutcome = Union[Completed, Failed, Unknown]
+DeliveryOutcome = Completed | Failed | Unknown
 
 def terminal_write(outcome: DeliveryOutcome) -> tuple[Status, FailureCode | None, str | None, FailureCause | None]:
     """What the attempt's terminal write records for an outcome: the status, the failure code, the

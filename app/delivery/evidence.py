@@ -13,7 +13,7 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from app.store.types import ExpectedFile  # the expected file is the store's: what cutoff 2 records
@@ -40,7 +40,7 @@ class Proof(enum.Enum):
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ class EmbeddedSftpServer:
         while not self._stopping.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

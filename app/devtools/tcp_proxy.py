@@ -22,10 +22,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable, Union
+from collections.abc import Callable
 
 #: What the proxy connects to: a port on 127.0.0.1, a (host, port) pair or a unix socket path.
-Upstream = Union[int, tuple[str, int], str]
+Upstream = int | tuple[str, int] | str
 #: Bytes read at a time by the default framing.
 CHUNK = 65536
 #: Seconds close() waits for the proxy's threads, all together.

@@ -9,7 +9,8 @@ that may take, and a condition that does not hold in time is a failure that says
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -267,7 +267,8 @@ class Recovery:
                     reconciled += self._reconcile_one(job, run_id)
                 except Exception as exc:
                     errors += 1
-                    log.warning("recovery.reconcile_failed", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id, error=type(exc).__name__)
+                    log.warning("recovery.reconcile_failed", job_id=job.job_id, attempt_id=job.attempt_id,
+                                run_id=run_id, error=type(exc).__name__)
             if len(page) < self.config.reconcile_batch_size:
                 return reconciled, errors
             after = page[-1].job_id

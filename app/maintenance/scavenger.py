@@ -108,10 +108,12 @@ class Scavenger:
                 continue   # the worker removed it meanwhile: nothing left to do
             except OSError as exc:
                 failed += 1
-                log.warning("scavenger.delete_failed", job_id=file.job_id, attempt_id=file.attempt_id, file=file.path.name, reason=fate.value, error=type(exc).__name__)
+                log.warning("scavenger.delete_failed", job_id=file.job_id, attempt_id=file.attempt_id,
+                            file=file.path.name, reason=fate.value, error=type(exc).__name__)
                 continue
             deleted += 1
-            log.info("scavenger.deleted", job_id=file.job_id, attempt_id=file.attempt_id, file=file.path.name, reason=fate.value)
+            log.info("scavenger.deleted", job_id=file.job_id, attempt_id=file.attempt_id, file=file.path.name,
+                     reason=fate.value)
         counts = ScavengeCounts(examined=len(files), deleted=deleted, kept=kept, failed=failed)
         if deleted or failed:
             log.info("scavenger.run", examined=counts.examined, deleted=deleted, kept=kept, failed=failed)

@@ -38,7 +38,9 @@ _OUTCOME_BY_STATUS = {
 
 def classify(status: Status, stop_already_requested: bool) -> CancellationOutcome:
     if status is Status.RUNNING:
-        return CancellationOutcome.STOP_ALREADY_REQUESTED if stop_already_requested else CancellationOutcome.STOP_REQUESTED
+        if stop_already_requested:
+            return CancellationOutcome.STOP_ALREADY_REQUESTED
+        return CancellationOutcome.STOP_REQUESTED
     return _OUTCOME_BY_STATUS[status]
 
 
@@ -114,7 +116,8 @@ def _find(conn: psycopg.Connection, tenant_id: UUID, request_id: UUID) -> dict[s
     return connector.fetch_one(conn, "cancellation_find_request", dict(tenant_id=tenant_id, request_id=request_id))
 
 
-def _answer_for_earlier(earlier: dict[str, Any], job_id: UUID, requested_by: str, request_id: UUID) -> CancellationResult:
+def _answer_for_earlier(earlier: dict[str, Any], job_id: UUID, requested_by: str,
+                        request_id: UUID) -> CancellationResult:
     if earlier["job_id"] != job_id or earlier["requested_by"] != requested_by:
         # A client error; it says nothing about the other request.
         return CancellationResult(CancellationReply.REQUEST_ID_REUSED, request_id)

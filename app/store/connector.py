@@ -7,9 +7,9 @@ come from ``app.store.database`` with ``dict_row`` rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql

@@ -3,8 +3,9 @@ exactly the grants of its role and a missing or excess grant fails a test rather
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -73,7 +74,7 @@ class Database:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> "Database":
+    def __enter__(self) -> Database:
         return self
 
     def __exit__(self, *exc: object) -> None:

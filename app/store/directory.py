@@ -6,8 +6,9 @@ One function per named statement in ``sql/directory.sql``, the connection first,
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 from uuid import UUID
 
 import psycopg

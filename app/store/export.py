@@ -8,7 +8,7 @@ lost response by re-reading state and ownership together on a fresh connection.
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from collections.abc import Callable
 from uuid import UUID
 
 import psycopg

@@ -12,7 +12,7 @@ import gzip
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from app.store import connector
@@ -36,7 +36,7 @@ def archive_published(url: str, *, older_than_seconds: float, archive_dir: Path,
     batch's transaction commits, so a deleted row is always in an archive file. ``url`` must be a login
     that may ``SET ROLE exports_retention``."""
     archive_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     files: list[Path] = []
     rows = 0
     with connect(url, Role.RETENTION, application_name="exports-retention") as conn:

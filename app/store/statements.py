@@ -9,8 +9,8 @@ psycopg's ``%(name)s`` placeholders, so no statement is ever built by concatenat
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 SQL_DIR = Path(__file__).with_name("sql")
 _NAME = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
@@ -20,7 +20,7 @@ def parse(text: str, *, origin: str = "<sql>") -> dict[str, str]:
     """Splits a file into ``{name: statement}``; the text before the first name is its preamble."""
     parts = _NAME.split(text)
     statements: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in statements:
             raise ValueError(f"{origin}: statement {name!r} is defined twice")
         statements[name] = body.strip()

@@ -9,7 +9,7 @@ from datetime import datetime
 from uuid import UUID
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     QUEUED = "Queued"
     RUNNING = "Running"
     DELIVERING = "Delivering"
@@ -25,7 +25,7 @@ class Status(str, enum.Enum):
         return self not in (Status.QUEUED, Status.RUNNING, Status.DELIVERING, Status.OUTCOME_UNKNOWN)
 
 
-class EventKind(str, enum.Enum):
+class EventKind(enum.StrEnum):
     CLAIMED = "Claimed"
     DELIVERY_AUTHORIZED = "DeliveryAuthorized"
     STOPPED = "Stopped"
@@ -41,7 +41,7 @@ class EventKind(str, enum.Enum):
     DEFERRED_PARTNER_UNAVAILABLE = "DeferredPartnerUnavailable"
 
 
-class FailureCode(str, enum.Enum):
+class FailureCode(enum.StrEnum):
     BUILD_FAILED = "BuildFailed"
     ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
     NOT_DELIVERED = "NotDelivered"
@@ -49,7 +49,7 @@ class FailureCode(str, enum.Enum):
     ORIGINAL_DELIVERED = "OriginalDelivered"
 
 
-class FailureCause(str, enum.Enum):
+class FailureCause(enum.StrEnum):
     """Why a Failed ended the way it did, beside its code, recorded in its event's detail: the retry
     policy retries only a proven non-delivery of a transient cause."""
 
@@ -62,7 +62,7 @@ class FailureCause(str, enum.Enum):
     PERMANENT = "permanent"
 
 
-class CancellationOutcome(str, enum.Enum):
+class CancellationOutcome(enum.StrEnum):
     """What a recorded cancellation request found and did."""
 
     CANCELED_WHILE_QUEUED = "CanceledWhileQueued"
@@ -73,7 +73,7 @@ class CancellationOutcome(str, enum.Enum):
     TOO_LATE = "TooLate"
 
 
-class Role(str, enum.Enum):
+class Role(enum.StrEnum):
     """The database roles; every connection runs under exactly one."""
 
     APP = "exports_app"

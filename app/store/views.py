@@ -180,7 +180,7 @@ class Views:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Views":
+    def __enter__(self) -> Views:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -203,7 +203,8 @@ class Views:
     def destination(self, tenant_id: UUID, destination_id: UUID) -> Destination | None:
         """One of this tenant's destinations; another tenant's answers None, like a missing one."""
         D = models.Destination
-        return self._one(Destination, _select(D, Destination).where((D.tenant_id == tenant_id) & (D.id == destination_id)))
+        return self._one(Destination,
+                         _select(D, Destination).where((D.tenant_id == tenant_id) & (D.id == destination_id)))
 
     def destinations_named(self, tenant_id: UUID, name: str, *, limit: int) -> list[Destination]:
         D = models.Destination
@@ -220,14 +221,14 @@ class Views:
         return self._one(Grant, _select(A, Grant).where((A.operator_id == operator_id) & (A.tenant_id == tenant_id)))
 
     def history(self, job: Job) -> JobHistory:
-        E, C, O, D = models.AttemptEvent, models.CancellationRequest, models.OutboxRow, models.Destination
+        E, C, M, D = models.AttemptEvent, models.CancellationRequest, models.OutboxRow, models.Destination
         return JobHistory(
             destination_name=D.select(D.name).where(D.id == job.destination_id).limit(1).bind(self._db).scalar(),
             events=self._all(AttemptEvent, _select(E, AttemptEvent).where(E.job_id == job.id).order_by(E.id)),
             cancellation_requests=self._all(CancellationRequest, _select(C, CancellationRequest)
                                             .where((C.tenant_id == job.tenant_id) & (C.job_id == job.id))
                                             .order_by(C.recorded_at)),
-            outbox=self._all(OutboxEntry, _select(O, OutboxEntry).where(O.job_id == job.id).order_by(O.created_at)),
+            outbox=self._all(OutboxEntry, _select(M, OutboxEntry).where(M.job_id == job.id).order_by(M.created_at)),
         )
 
     def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int) -> list[JobSummary]:

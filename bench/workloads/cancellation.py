@@ -1,4 +1,4 @@
-"""Workload 6: cancellation, uncontended and contended.
+r"""Workload 6: cancellation, uncontended and contended.
 
 Uncontended: 4 clients cancel Queued jobs of their own through ``app.store.cancellation.
 request_cancellation`` (lock, look up the request id, cancel, record: one transaction). Ceiling:
@@ -51,7 +51,8 @@ def seed_jobs(url: str, numbers: str) -> uuid.UUID:
                 f"""
                 WITH ids AS (SELECT md5('q' || i)::uuid AS id, 'k' || i AS key FROM ({numbers}) AS n (i)),
                 d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
-                INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
+                INSERT INTO export_jobs
+                    (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
                 SELECT id, %(tenant)s, 'Queued', 1, %(dest)s, key, 'bench', clock_timestamp() FROM ids
                 """, dict(tenant=tenant, dest=destination))
     return tenant
@@ -98,7 +99,8 @@ def cancel_script(tenant: uuid.UUID, *, contended: bool) -> str:
     if contended:
         keys["job_id"] = "md5('q' || :i)::uuid"
         found = {"outcome": "CASE WHEN :f_status = 'Queued' THEN 'CanceledWhileQueued'"
-                            " WHEN :f_status = 'Running' AND NULLIF(:f_stop_request_id, '') IS NULL THEN 'StopRequested'"
+                            " WHEN :f_status = 'Running' AND NULLIF(:f_stop_request_id, '') IS NULL"
+                            " THEN 'StopRequested'"
                             " WHEN :f_status = 'Running' THEN 'StopAlreadyRequested'"
                             " WHEN :f_status = 'Canceled' THEN 'AlreadyCanceled' ELSE 'AlreadyEnded' END",
                  "found_status": ":f_status", "found_attempt_id": "NULLIF(:f_attempt_id, '')::uuid",

@@ -25,18 +25,7 @@ def run(ctx: Context) -> Outcome:
     for sync in ("on", "off"):
         options = "" if sync == "on" else "-c synchronous_commit=off"
         for clients in CONCURRENCY:
-            per_client = max(1, total // clients)
-            tag = {"value": ""}
-
-            def prepare() -> None:
-                tag["value"] = f"r{next(tags)}"
-                claim_throughput.seed(url, clients, per_client, tag["value"])
-                settle(url)
-
-            ceilings, ourselves = ctx.paired(
-                lambda: claim_throughput.run_pgbench(url, clients, per_client, tag["value"], options),
-                lambda: claim_throughput.run_store(url, clients, per_client, tag["value"], options),
-                prepare=prepare)
+            ceilings, ourselves = _paired_claims(ctx, url, clients, max(1, total // clients), options, tags)
             log(f"   {clients} clients, synchronous_commit={sync}: {Stat.of(ourselves).median:.0f}/s vs "
                 f"{Stat.of(ceilings).median:.0f}/s")
             outcome.rows.append(Row(f"claims, {clients} worker{'s' * (clients > 1)}, synchronous_commit={sync}",
@@ -47,6 +36,21 @@ def run(ctx: Context) -> Outcome:
                          "every run; both sides as exports_app, statements prepared.")
     outcome.series["claims/s vs workers"] = points
     return outcome
+
+
+def _paired_claims(ctx: Context, url: str, clients: int, per_client: int, options: str,
+                   tags: count[int]) -> tuple[list[float], list[float]]:
+    """Both sides at one concurrency, each run on a fresh set of jobs under a tag of its own."""
+    tag = {"value": ""}
+
+    def prepare() -> None:
+        tag["value"] = f"r{next(tags)}"
+        claim_throughput.seed(url, clients, per_client, tag["value"])
+        settle(url)
+
+    return ctx.paired(lambda: claim_throughput.run_pgbench(url, clients, per_client, tag["value"], options),
+                      lambda: claim_throughput.run_store(url, clients, per_client, tag["value"], options),
+                      prepare=prepare)
 
 
 WORKLOAD = Workload("7", "Claims", "Claims per second through `app.store.export.try_claim` at 1, 4 and 8 "

@@ -35,8 +35,7 @@ from app.store import directory, export
 from app.store.database import connect
 from app.store.types import ExpectedFile, Role
 from bench import system
-from bench.harness import (Context, Outcome, Row, Stat, Workload, at_least, log, percentile, settle,
-                           value_at_most)
+from bench.harness import Context, Outcome, Row, Stat, Workload, at_least, log, percentile, settle, value_at_most
 
 WORKERS = 2
 THREADS = 2
@@ -172,7 +171,7 @@ def system_run(url: str, procs: system.Processes, tenant: uuid.UUID, destination
         creator.stop.set()
         thread.join()
         cpu = system.process_tree_cpu(procs.pids()) - cpu_before
-        busy = [a - b for a, b in zip(_busy_jiffies(), busy_before)]
+        busy = [a - b for a, b in zip(_busy_jiffies(), busy_before, strict=True)]
         # Let the backlog finish so the next run starts with none.
         deadline = time.monotonic() + 120
         while _counts(conn) - start_count < len(creator.created) and time.monotonic() < deadline:
@@ -206,7 +205,8 @@ def latencies(url: str, jobs: list[uuid.UUID]) -> tuple[list[float], list[float]
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             """
-            WITH created AS (SELECT job_id, min(created_at) AS at FROM outbox WHERE job_id = ANY(%(ids)s) GROUP BY job_id)
+            WITH created AS (SELECT job_id, min(created_at) AS at FROM outbox
+                             WHERE job_id = ANY(%(ids)s) GROUP BY job_id)
             SELECT extract(epoch FROM c.recorded_at - created.at) AS claimed,
                    extract(epoch FROM f.recorded_at - created.at) AS finished
             FROM created

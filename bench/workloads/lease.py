@@ -2,10 +2,10 @@
 
 Ours: 1,000 real ``LeaseKeeper``s on one APScheduler scheduler (the worker's 16 threads), each renewing
 its Running attempt every ``renew_seconds`` with ``export_lease_renew``, for two rounds, sharing one
-pool of 16 connections as the keepers of a worker process share theirs. Measured: commits per second, CPU per renewal in this process and in
-the PostgreSQL backends, how long each round takes, the HOT-update ratio on ``export_jobs``, and what
-one connection per attempt costs to open. Ceiling: pgbench running ``export_lease_renew`` on the same
-rows with as many clients (16), flat out.
+pool of 16 connections as the keepers of a worker process share theirs. Measured: commits per second,
+CPU per renewal in this process and in the PostgreSQL backends, how long each round takes, the
+HOT-update ratio on ``export_jobs``, and what one connection per attempt costs to open. Ceiling:
+pgbench running ``export_lease_renew`` on the same rows with as many clients (16), flat out.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def run(ctx: Context) -> Outcome:
     keep_renewed(url, min(n, 100), 1.0)   # warm-up
     ceilings, ourselves = ctx.paired(ceiling, ours, prepare=lambda: settle(url))
     time.sleep(1)   # closed backends report their statistics as they exit
-    upd, hot = (a - b for a, b in zip(hot_counts(url), hot_before))
+    upd, hot = (a - b for a, b in zip(hot_counts(url), hot_before, strict=True))
     scale = renew / PRODUCTION_RENEW_SECONDS
     outcome = Outcome()
     outcome.rows += [
@@ -151,7 +151,8 @@ def run(ctx: Context) -> Outcome:
         f"{n:,} keepers share one pool of {SCHEDULER_THREADS} connections, as the keepers of a worker process share "
         "theirs (before, each attempt opened a connection of its own, and 1,000 would exceed max_connections).",
         f"Every round renewed every attempt: {'yes' if failed == 0 else f'no, {failed} renewals failed'}; "
-        f"{ROUNDS} rounds per run; the production-interval row scales the commits by {renew:g}/{PRODUCTION_RENEW_SECONDS:g} "
+        f"{ROUNDS} rounds per run; the production-interval row scales the commits by "
+        f"{renew:g}/{PRODUCTION_RENEW_SECONDS:g} "
         "(each renewal is one commit).",
     ]
     return outcome

@@ -173,7 +173,7 @@ def run(ctx: Context) -> Outcome:
         "ours, protocol": lambda: ours(ours_url, jobs, tenant, destination, runner_path=False),
         "ours, as the runner": lambda: ours(ours_url, jobs, tenant, destination, runner_path=True),
     }
-    for name, side in sides.items():   # warm-up
+    for name in sides:   # warm-up
         if name in installed:
             peer(name, peers_url, 20)
         else:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
 
@@ -83,7 +83,7 @@ def decay(timeline: list[tuple[float, int]], window: float | None) -> float:
 
 
 def fake_rows(n: int) -> list[OutboxMessage]:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [OutboxMessage(uuid.uuid4(), "ExportReady", uuid.uuid4(), now) for _ in range(n)]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from itertools import pairwise
 
 import psycopg
 
@@ -100,7 +101,7 @@ def timing_batches(module, name: str):
 
 def batch_times(starts: list[float], ended: float) -> list[float]:
     bounds = starts + [ended]
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    return [b - a for a, b in pairwise(bounds)]
 
 
 def explain(url: str, name: str, params: dict) -> str:

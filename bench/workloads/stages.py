@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from uuid import UUID
 
 import psycopg
 
@@ -70,14 +71,19 @@ def _build(ctx: Context, outcome: Outcome) -> None:
             tenant = build_export.seed(owner, count)
             settle(url)
             build_export.build(url, work, tenant, trace=False)   # warm-up
-            ceilings, ourselves = ctx.paired(lambda: count / build_export.psql_copy(url, work, tenant),
-                                             lambda: count / build_export.build(url, work, tenant, trace=False)[0])
+            ceilings, ourselves = _paired_build(ctx, url, work, tenant, count)
             peak = build_export.build(url, work, tenant, trace=True)[2]
             outcome.rows += [
                 Row(f"builder, {count:,} contacts", "contacts/s", Stat.of(ourselves), Stat.of(ceilings),
                     "psql \\copy, same query"),
                 Row(f"builder peak Python memory, {count:,} contacts", "KiB", Stat.of([peak / 1024])),
             ]
+
+
+def _paired_build(ctx: Context, url: str, work: Path, tenant: UUID, count: int) -> tuple[list[float], list[float]]:
+    """Contacts per second of psql's \\copy and of our builder, on the same tenant."""
+    return ctx.paired(lambda: count / build_export.psql_copy(url, work, tenant),
+                      lambda: count / build_export.build(url, work, tenant, trace=False)[0])
 
 
 def _upload(ctx: Context, outcome: Outcome) -> None:

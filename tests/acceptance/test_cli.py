@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from app.cli.main import build_parser
 from app.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.cli.main import build_parser
 from app.devtools.processes import clean_environ
 from app.store import directory, export, partner
 from app.store.database import connect
@@ -181,7 +181,8 @@ def test_destination_add_refuses_a_host_key_line_for_another_port(exports_cli, a
     before = snapshot(admin)
     result = exports_cli("destination", "add", "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1",
                          "--port", "2222", "--username", "p", "--remote-dir", "/inbox", "--credential-ref", "env:PW",
-                         "--host-key", "[127.0.0.1]:22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
+                         "--host-key", "[127.0.0.1]:22 ssh-ed25519 "
+                                       "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
                          expect=EXIT_BAD_INPUT)
     one_line_error(result)
     assert snapshot(admin) == before
@@ -244,7 +245,8 @@ def test_contacts_import_with_a_nul_byte_in_one_row_loads_nothing(exports_cli, a
 
 def test_contacts_generate_loads_the_requested_count(exports_cli, admin, tenant):
     exports_cli("contacts", "generate", "--tenant", "Initech", "--count", "2500")
-    counts = admin.execute("SELECT count(*) AS n, count(DISTINCT email) AS emails, bool_or(NOT consent) AS some_refused "
+    counts = admin.execute("SELECT count(*) AS n, count(DISTINCT email) AS emails, "
+                           "bool_or(NOT consent) AS some_refused "
                            "FROM contacts WHERE tenant_id = %s", (tenant.id,)).fetchone()
     assert counts == {"n": 2500, "emails": 2500, "some_refused": True}
 
@@ -278,7 +280,8 @@ def test_cancel_of_a_queued_export_cancels_it_and_prints_the_minted_request_id(e
     assert (seed.status(bystander), seed.row(bystander)["cancellation_request_id"]) == (Status.QUEUED, None)
 
 
-def test_the_same_cancel_twice_with_one_request_id_records_once_and_answers_the_same(exports_cli, admin, seed, tenant, queued):
+def test_the_same_cancel_twice_with_one_request_id_records_once_and_answers_the_same(exports_cli, admin, seed, tenant,
+                                                                                    queued):
     job = queued()
     request_id = str(uuid.uuid4())
     args = ("cancel", str(job.id), "--tenant", "Initech", "--by", "alice", "--request-id", request_id, "--json")
@@ -390,7 +393,8 @@ def test_reconcile_settles_an_outcome_unknown_attempt_once(exports_cli, seed, te
     assert seed.event_kinds(job).count("Reconciled") == 1
 
 
-def test_correct_by_a_reconciliation_operator_changes_the_recorded_outcome_once(exports_cli, conn, seed, tenant, queued):
+def test_correct_by_a_reconciliation_operator_changes_the_recorded_outcome_once(exports_cli, conn, seed, tenant,
+                                                                                queued):
     grant(conn, tenant.id, "rita", reconciliation=True)
     job = seed.finished(Status.COMPLETED, queued())
     exports_cli("correct", str(job.id), "--tenant", "Initech", "--attempt", str(job.attempt_id), "--from", "Completed",
@@ -444,7 +448,8 @@ MISSING = str(uuid.uuid4())
 
 
 @pytest.mark.parametrize(("argv", "code"), [
-    pytest.param(["cancel", "not-a-uuid", "--tenant", "Initech", "--by", "alice"], EXIT_BAD_INPUT, id="malformed-job-id"),
+    pytest.param(["cancel", "not-a-uuid", "--tenant", "Initech", "--by", "alice"], EXIT_BAD_INPUT,
+                 id="malformed-job-id"),
     pytest.param(["cancel", MISSING, "--tenant", "Initech", "--by", "alice", "--request-id", "123"], EXIT_BAD_INPUT,
                  id="malformed-request-id"),
     pytest.param(["list", "--status", "Finished"], EXIT_BAD_INPUT, id="unknown-status"),

@@ -34,10 +34,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_system import (DEADLINE, _assert_delivered_once, _builder_blocked_by, _create,
-                                          _hold_builds, _row, _set_up, _transitions, _wait_status)
 from app.devtools.processes import clean_environ
 from app.devtools.waiting import wait_until
+from tests.acceptance.test_system import (
+    DEADLINE,
+    _assert_delivered_once,
+    _builder_blocked_by,
+    _create,
+    _hold_builds,
+    _row,
+    _set_up,
+    _transitions,
+    _wait_status,
+)
 from tests.fixtures.processes import QUEUE, SYSTEM_SETTINGS, ExportsCli, System
 
 pytestmark = pytest.mark.rabbitmq

@@ -59,7 +59,8 @@ def _set_up(system: System, peer, *, via_port: int | None = None) -> None:
 
 
 def _create(system: System) -> str:
-    return system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json").json["job_id"]
+    created = system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json")
+    return created.json["job_id"]
 
 
 def _cancel(system: System, job_id: str) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from app import metrics
-from app.store import heartbeat
 from app.heartbeat import identity
+from app.store import heartbeat
 from app.store.database import Database
 from app.store.types import Role
 

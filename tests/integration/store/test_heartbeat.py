@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from app.heartbeat import Heartbeat
 from app.store import export, heartbeat
@@ -14,7 +14,7 @@ from app.store.types import Role
 
 def _identity(process_id: str = "host-a:4242", role: str = "worker") -> ProcessIdentity:
     host, pid = process_id.split(":")
-    return ProcessIdentity(process_id, role, host, int(pid), "1.0", datetime.now(timezone.utc))
+    return ProcessIdentity(process_id, role, host, int(pid), "1.0", datetime.now(UTC))
 
 
 def test_a_beat_records_the_process_and_a_later_beat_moves_its_time_only(conn):
@@ -41,7 +41,7 @@ def test_a_beat_after_a_clean_stop_changes_nothing(conn):
 def test_a_new_process_that_reuses_a_pid_does_not_revive_the_old_record(conn):
     old = _identity()
     heartbeat.beat(conn, old)
-    reborn = dataclasses.replace(old, started_at=datetime.now(timezone.utc))
+    reborn = dataclasses.replace(old, started_at=datetime.now(UTC))
 
     assert heartbeat.beat(conn, reborn) is False
 

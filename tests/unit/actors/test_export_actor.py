@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 import threading
-from datetime import datetime, timezone
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
 
@@ -96,7 +96,7 @@ def test_importing_the_worker_entry_point_installs_the_broker_from_the_environme
 def test_a_message_built_by_the_relay_runs_the_actor_with_its_job_id(broker, worker):
     run = ScriptedRun(RunOutcome.DELIVERED)
     export.declare(broker, run)
-    row = OutboxMessage(uuid.uuid4(), relay.EXPORT_READY, uuid.uuid4(), datetime.now(timezone.utc))
+    row = OutboxMessage(uuid.uuid4(), relay.EXPORT_READY, uuid.uuid4(), datetime.now(UTC))
     message = relay.message_for(row)
 
     broker.enqueue(message)

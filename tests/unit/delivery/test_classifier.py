@@ -3,8 +3,6 @@ was never written, with one of the store's failure codes a delivery can end with
 
 from __future__ import annotations
 
-import socket
-
 import paramiko
 import pytest
 
@@ -18,7 +16,7 @@ SECRET = "correct horse battery staple"
 
 
 @pytest.mark.parametrize("stage", [Stage.CONNECT, Stage.BASELINE])
-@pytest.mark.parametrize("exc", [socket.timeout("timed out"), paramiko.AuthenticationException("Authentication failed."),
+@pytest.mark.parametrize("exc", [TimeoutError("timed out"), paramiko.AuthenticationException("Authentication failed."),
                                  paramiko.SSHException("Server connection dropped"), KeyboardInterrupt()],
                          ids=["timeout", "auth", "dropped", "interrupt"])
 def test_anything_that_stops_a_delivery_before_a_write_was_sent_is_not_delivered(stage: Stage,
@@ -41,7 +39,7 @@ def test_an_upload_cut_short_without_a_baseline_to_compare_with_is_unknown() -> 
     assert isinstance(classify(EOFError(), stage=Stage.UPLOAD, baseline=None, fresh=ABSENT), Unknown)
 
 
-@pytest.mark.parametrize("exc", [paramiko.SSHException("Server connection dropped: "), socket.timeout(), EOFError()],
+@pytest.mark.parametrize("exc", [paramiko.SSHException("Server connection dropped: "), TimeoutError(), EOFError()],
                          ids=["lost-reply", "timeout", "eof"])
 def test_a_rename_without_a_reply_is_unknown_whatever_a_fresh_listing_shows(exc: BaseException) -> None:
     for fresh in (ABSENT, PRESENT, None):

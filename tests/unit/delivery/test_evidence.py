@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,7 +15,7 @@ from app.store.types import ExpectedFile
 ATTEMPT = "7f0c3a52-8a62-4c1e-9d0e-2b7e8f6a1c11"
 NAME = "contacts-tenant-7-key-42.csv"
 SHA = hashlib.sha256(b"contacts").digest()
-OBSERVED = datetime(2024, 5, 17, 9, 30, 12, 345678, tzinfo=timezone.utc)
+OBSERVED = datetime(2024, 5, 17, 9, 30, 12, 345678, tzinfo=UTC)
 
 # Written by the destination as it stood before evidence.py existed: a baseline, a receipt's
 # evidence, a receipt, and the runner's outcome record that embeds the receipt.

@@ -97,7 +97,8 @@ def test_a_file_whose_size_contradicts_the_expected_one_is_unknown_and_said_so()
     verdict = decide(evidence(ABSENT, (EvidenceStage.RECEIPT, other)), listing=other)
 
     assert verdict.resolution is Resolution.OUTCOME_UNKNOWN
-    assert verdict.summary.endswith(f"destination shows {NAME} with size {EXPECTED.size + 1}, not proven this attempt's")
+    assert verdict.summary.endswith(
+        f"destination shows {NAME} with size {EXPECTED.size + 1}, not proven this attempt's")
 
 
 def test_no_expected_file_recorded_at_cutoff_2_is_unknown() -> None:

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from app import logs
+from app.config import Settings
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
 from app.devtools.waiting import wait_until
-from app.config import Settings
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
-from app.maintenance.scavenger import Scavenger, ScavengeCounts, ScavengerConfig
+from app.maintenance.scavenger import ScavengeCounts, Scavenger, ScavengerConfig
 from app.maintenance.sweeper import SweepCounts, Sweeper, SweeperConfig
 from app.scheduler import build_scheduler, run_forever
 from app.store import export
@@ -535,7 +535,8 @@ def test_recovery_after_a_crash_before_the_upload_finds_nothing_on_the_embedded_
     tenant = seed.tenant()
     job = expired_delivering(seed, seed.running(seed.queued(tenant, destination_row(conn, tenant, partner))))
 
-    counts = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path)), DestinationInspector(app_db)).run_once()
+    counts = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path)),
+                      DestinationInspector(app_db)).run_once()
 
     assert counts == RecoveryCounts(scanned=1, outcome_unknown=1)
     assert seed.status(job) is Status.OUTCOME_UNKNOWN
@@ -634,7 +635,8 @@ def test_the_scavenger_logs_each_deletion_with_its_job_and_attempt(app_db, seed,
 
 
 def test_the_scavenger_without_a_work_directory_does_nothing(app_db, tmp_path):
-    assert Scavenger(app_db, ScavengerConfig.from_settings(settings_for(tmp_path, work_dir=tmp_path / "missing"))).run_once() == ScavengeCounts()
+    config = ScavengerConfig.from_settings(settings_for(tmp_path, work_dir=tmp_path / "missing"))
+    assert Scavenger(app_db, config).run_once() == ScavengeCounts()
 
 
 # -- the process -----------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ the keeper's one connection, and the end of an attempt is never reported as a lo
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import psycopg
 import pytest
 from psycopg.rows import dict_row
@@ -10,9 +12,9 @@ from psycopg.rows import dict_row
 from app.actors.lease import Leases, new_scheduler
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopSignal
+from app.devtools.waiting import wait_until
 from app.store import export, recovery
 from app.store.types import FailureCode, RenewResult, Status, WriteResult
-from app.devtools.waiting import wait_until
 from tests.fixtures.worker import Gate, lease_backends_blocked
 from tests.support import Background
 
@@ -95,7 +97,7 @@ def test_an_on_demand_renewal_overlapping_a_scheduled_one_waits_for_it_instead_o
     first_on_demand = next(r for r in keeper.history if r.kind == "on-demand")
     assert scheduled.kind == "scheduled" and scheduled.ended <= first_on_demand.started
     ordered = sorted(keeper.history, key=lambda r: r.started)
-    assert all(a.ended <= b.started for a, b in zip(ordered, ordered[1:]))   # never two at once
+    assert all(a.ended <= b.started for a, b in pairwise(ordered))   # never two at once
     assert not stop.is_set()
     assert seed.row(untouched)["lease_expires_at"] == before
 

@@ -7,9 +7,9 @@ import json
 
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopReason
+from app.devtools.waiting import wait_until
 from app.store import export, recovery
 from app.store.types import RenewResult, Status, WriteResult
-from app.devtools.waiting import wait_until
 from tests.fixtures.worker import Gate, after_cutoff_2
 from tests.support import Background
 
@@ -181,7 +181,8 @@ def test_a_build_that_fails_on_its_own_ends_failed_with_build_failed(worker):
     assert worker.local_files() == [] and worker.peer.files() == {}
 
 
-def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_its_terminal_write_matches_nothing(worker):
+def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_its_terminal_write_matches_nothing(
+        worker):
     job = worker.queued()
     runners = []
 

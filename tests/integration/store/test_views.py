@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import peewee
 import pytest

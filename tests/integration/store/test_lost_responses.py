@@ -4,7 +4,7 @@ tests/fixtures/pgproxy.py), and the wrapper settles the outcome from the row, ne
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

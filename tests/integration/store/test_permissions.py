@@ -45,7 +45,8 @@ def _snapshot(admin, table: str) -> list[dict]:
 
 
 def _privilege(admin, role: Role, table: str, privilege: str) -> bool:
-    return admin.execute("SELECT has_table_privilege(%s, %s, %s) AS ok", (role.value, table, privilege)).fetchone()["ok"]
+    return admin.execute("SELECT has_table_privilege(%s, %s, %s) AS ok",
+                         (role.value, table, privilege)).fetchone()["ok"]
 
 
 def _any_column_privilege(admin, role: Role, table: str, privilege: str) -> bool:

@@ -36,7 +36,8 @@ def records(admin, tenant_id=None) -> list[dict]:
 def hold_row_lock(connect_as, job):
     """The cancellation's own locking read, run by hand in a transaction left open."""
     holder = connect_as(Role.APP, autocommit=False)
-    found = holder.execute(connector.text("cancellation_lock_job"), dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
+    found = holder.execute(connector.text("cancellation_lock_job"),
+                           dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
     assert found is not None
     return holder
 
@@ -113,7 +114,8 @@ def _rejected(seed, conn):
 def _stopped(seed, conn):
     job = seed.running()
     cancel(conn, job)
-    assert export.try_finish_stopped(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", stop_point="build") == 1
+    assert export.try_finish_stopped(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+                                     stop_point="build") == 1
     return job
 
 

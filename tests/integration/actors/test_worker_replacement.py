@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from app.delivery.classifier import Unknown
 from app.actors.runner import RunOutcome
+from app.delivery.classifier import Unknown
 from app.store import export
 from app.store.types import Role, Status, WriteResult
 from tests.factories import Job

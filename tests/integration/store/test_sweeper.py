@@ -104,7 +104,8 @@ def test_a_row_locked_by_a_cancellation_is_skipped_then_picked_up_by_the_next_sw
 
     # The cancellation's locking read, held open: a cancellation that has not decided yet.
     canceler = connect_as(Role.APP, autocommit=False)
-    locked = canceler.execute(connector.text("cancellation_lock_job"), dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
+    locked = canceler.execute(connector.text("cancellation_lock_job"),
+                              dict(job_id=job.id, tenant_id=job.tenant_id)).fetchone()
     assert locked["status"] == "Queued"
 
     assert sweep(conn) == []

@@ -12,8 +12,8 @@ import re
 import pytest
 
 from app.store import connector, export
-from app.store.statements import STATEMENTS
 from app.store.models import ExportJob
+from app.store.statements import STATEMENTS
 from app.store.types import CancellationOutcome, EditResult, EventKind, FailureCode, Status
 from tests.factories_more import catalog_database
 

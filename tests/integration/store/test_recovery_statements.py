@@ -329,8 +329,8 @@ def test_a_late_receipt_from_a_superseded_attempt_is_kept_as_evidence_and_change
     assert resolve(conn, job, Status.OUTCOME_UNKNOWN)
     before = seed.row(job)
 
-    assert export.append_evidence(conn, job_id=job.id, attempt_id=job.attempt_id, observed_by=f"attempt:{job.attempt_id}",
-                                detail="rename confirmed: size 123")
+    assert export.append_evidence(conn, job_id=job.id, attempt_id=job.attempt_id,
+                                  observed_by=f"attempt:{job.attempt_id}", detail="rename confirmed: size 123")
 
     assert seed.row(job) == before
     [*_, event] = seed.events(job)
@@ -352,7 +352,8 @@ def _taken_over_while_running(seed, conn):
 
 
 @pytest.mark.parametrize("write", [
-    lambda db, job: export.finish_stopped(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", stop_point="build"),
+    lambda db, job: export.finish_stopped(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+                                          stop_point="build"),
     lambda db, job: export.finish_failed(db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
                                        failure_reason=FailureCode.BUILD_FAILED),
 ], ids=["finish_stopped", "finish_failed"])
@@ -375,8 +376,9 @@ def test_after_a_takeover_the_original_attempts_delivery_outcome_matches_nothing
     for outcome in (Status.COMPLETED, Status.OUTCOME_UNKNOWN):
         assert export.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
                                     outcome=outcome) is WriteResult.NOT_MATCHED
-    assert export.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w", outcome=Status.FAILED,
-                                failure_reason=FailureCode.NOT_DELIVERED) is WriteResult.NOT_MATCHED
+    assert export.finish_delivery(app_db, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+                                  outcome=Status.FAILED,
+                                  failure_reason=FailureCode.NOT_DELIVERED) is WriteResult.NOT_MATCHED
 
     assert seed.row(job) == before
     assert seed.events(job) == events_before
