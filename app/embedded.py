@@ -16,12 +16,15 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from psycopg.conninfo import make_conninfo
 
-from app.config import Settings
 from app.store import logins
 from app.store.migrate import create_database, migrate
+
+if TYPE_CHECKING:  # app.config imports this module when no database is configured
+    from app.config import Settings
 
 #: The embedded cluster's data directory, under the state directory.
 PG_DIR = "pg"
