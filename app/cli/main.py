@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from app import __version__, logs
 from app.cli import jobs, operations, processes, setup, views
@@ -32,7 +32,8 @@ COMMAND_MODULES = (setup, jobs, views, operations, processes)
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="exports", description="exports: queued CRM contact exports to partner SFTP servers, with safe "
+    parser = Parser(prog="exports",
+                    description="exports: queued CRM contact exports to partner SFTP servers, with safe "
                     "cancellation and recovery; the operator scripts and the processes.",
                     epilog=EXIT_CODES_HELP + "\n\nAn operator's write (--by) needs the operator's grant for the "
                     "tenant (exports operator grant),\nchecked before anything is written; setup commands (db, "

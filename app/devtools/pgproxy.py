@@ -19,9 +19,10 @@ loses its answer:
 - ``refuse_connections()`` / ``accept_connections()`` / ``drop_all()`` do the same by hand.
 
 A statement is recognised by the ``/* name */`` prefix the store sends with every named statement
-(``app.store.connector``), matched in simple Query and Parse messages. psycopg prepares a statement after ``prepare_threshold`` (5) executions on one
-connection and then sends only its name: a worker-level test that runs one statement many times on a
-pooled connection should mark a statement that runs fewer times, or pass ``prepare_threshold=None``.
+(``app.store.connector``), matched in simple Query and Parse messages. psycopg prepares a statement
+after ``prepare_threshold`` (5) executions on one connection and then sends only its name: a
+worker-level test that runs one statement many times on a pooled connection should mark a statement
+that runs fewer times, or pass ``prepare_threshold=None``.
 
 Clients must reach the proxy without TLS/GSS encryption: ``url`` sets sslmode and gssencmode to disable
 (and the proxy declines an SSLRequest anyway). The upstream may be TCP or a unix socket, so the proxy
@@ -36,8 +37,8 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -98,7 +99,7 @@ def _read_startup(sock: socket.socket) -> bytes:
 class _Protocol(Framing):
     """One connection read as protocol messages, in both directions."""
 
-    def __init__(self, proxy: "PgProxy", link: Link) -> None:
+    def __init__(self, proxy: PgProxy, link: Link) -> None:
         super().__init__(link)
         self.proxy = proxy
         self.started = False
@@ -150,15 +151,15 @@ class PgProxy(TcpProxy):
         super().__init__(upstream, framing=lambda link: _Protocol(self, link))
 
     @classmethod
-    def in_front_of(cls, url: str) -> "PgProxy":
+    def in_front_of(cls, url: str) -> PgProxy:
         """A proxy for the server a libpq URL names, whether it listens on TCP or a unix socket."""
         params = conninfo_to_dict(url)
-        host = params.get("host") or "localhost"
+        host = str(params.get("host") or "localhost")
         port = int(params.get("port") or 5432)
         if host.startswith("/"):
             proxy = cls(f"{host}/.s.PGSQL.{port}")
         else:
-            proxy = cls((params.get("hostaddr") or host, port))
+            proxy = cls((str(params.get("hostaddr") or host), port))
         proxy.url = proxy.url_for(url)
         return proxy
 
@@ -167,7 +168,7 @@ class PgProxy(TcpProxy):
         params = conninfo_to_dict(url)
         params.pop("hostaddr", None)
         params.update(host="127.0.0.1", port=str(self.port), sslmode="disable", gssencmode="disable")
-        return make_conninfo(**params)
+        return make_conninfo("", **params)
 
     # --- rules -------------------------------------------------------------------------------------
 

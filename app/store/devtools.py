@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 from app.store import connector
 
 
-def connect_owner(url: str) -> psycopg.Connection:
+def connect_owner(url: str) -> psycopg.Connection[dict]:
     """An autocommit connection as the URL's user, with no SET ROLE: the owner sees every session's
     activity and may drop databases."""
     return psycopg.connect(url, autocommit=True, row_factory=dict_row)
