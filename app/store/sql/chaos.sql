@@ -1,0 +1,101 @@
+-- The chaos soak's reads, as the database owner (test equipment only, never the product): the whole
+-- history its invariant checker judges once the system has settled, one job's history for a report,
+-- and the liveness reads it polls while faults are injected. None of them writes.
+
+-- name: chaos_snapshot
+-- The checker reads every table in one snapshot, so a late write cannot make two reads disagree.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: chaos_jobs
+SELECT id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
+       lease_expires_at, stop_request_id, cancellation_request_id, expected_file_name,
+       expected_file_bytes, expected_file_sha256, delivery_authorized_at, woken_at, failure_reason,
+       delivery_key, replaces_job_id, created_by, replacement_reason, overwrite_agreement_ref,
+       sweep_count, created_at, deferrals, deferred_since, last_deferral
+FROM export_jobs
+ORDER BY created_at, id;
+
+-- name: chaos_events
+-- Every job's events in the order they were inserted: a job's transitions serialize on its row lock,
+-- so within one job the identity order is the order they happened.
+SELECT id, job_id, attempt_id, kind, version, worker_id, observed_by, detail, recorded_at
+FROM export_attempt_events
+ORDER BY job_id, id;
+
+-- name: chaos_outbox
+-- ahead: the row is unpublished and not due yet (the relay publishes a row once
+-- coalesce(due_at, created_at) has passed), judged on the database's clock.
+SELECT message_id, kind, job_id, created_at, due_at, published_at,
+       published_at IS NULL AND coalesce(due_at, created_at) > clock_timestamp() AS ahead
+FROM outbox
+ORDER BY job_id, coalesce(due_at, created_at), message_id;
+
+-- name: chaos_cancellations
+SELECT tenant_id, id, job_id, requested_by, reason, outcome, found_status, found_attempt_id,
+       found_attempt_count, found_delivery_authorized_at, recorded_at
+FROM cancellation_requests
+ORDER BY job_id, recorded_at, id;
+
+-- name: chaos_job_row
+SELECT id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
+       lease_expires_at, stop_request_id, cancellation_request_id, expected_file_name,
+       expected_file_bytes, expected_file_sha256, delivery_authorized_at, woken_at, failure_reason,
+       delivery_key, replaces_job_id, created_by, replacement_reason, overwrite_agreement_ref,
+       sweep_count, created_at, deferrals, deferred_since, last_deferral
+FROM export_jobs
+WHERE id = %(job_id)s;
+
+-- name: chaos_job_events
+SELECT id, job_id, attempt_id, kind, version, worker_id, observed_by, detail, recorded_at
+FROM export_attempt_events
+WHERE job_id = %(job_id)s
+ORDER BY id;
+
+-- name: chaos_job_outbox
+SELECT message_id, kind, job_id, created_at, due_at, published_at,
+       published_at IS NULL AND coalesce(due_at, created_at) > clock_timestamp() AS ahead
+FROM outbox
+WHERE job_id = %(job_id)s
+ORDER BY coalesce(due_at, created_at), message_id;
+
+-- name: chaos_job_cancellations
+SELECT tenant_id, id, job_id, requested_by, reason, outcome, found_status, found_attempt_id,
+       found_attempt_count, found_delivery_authorized_at, recorded_at
+FROM cancellation_requests
+WHERE job_id = %(job_id)s
+ORDER BY recorded_at, id;
+
+-- name: chaos_overdue_leases
+-- Attempts whose lease ran out more than the grace ago: recovery should have taken them over by now.
+SELECT id, status, attempt_id, claimed_by, lease_expires_at,
+       extract(epoch FROM clock_timestamp() - lease_expires_at)::float8 AS overdue_seconds
+FROM export_jobs
+WHERE status IN ('Running', 'Delivering')
+  AND lease_expires_at < (SELECT clock_timestamp() - make_interval(secs => %(grace_seconds)s))
+ORDER BY lease_expires_at;
+
+-- name: chaos_stale_queued
+-- Queued jobs whose newest wake-up is older than the bound: its time is the row's due time, or its
+-- insert time when due at once, as the relay and the sweeper count it; a job whose rows retention
+-- archived counts from woken_at.
+SELECT j.id, j.woken_at, j.sweep_count, j.deferrals, w.newest_wakeup,
+       extract(epoch FROM clock_timestamp() - coalesce(w.newest_wakeup, j.woken_at))::float8 AS age_seconds
+FROM export_jobs j
+LEFT JOIN LATERAL (
+    SELECT max(coalesce(o.due_at, o.created_at)) AS newest_wakeup FROM outbox o WHERE o.job_id = j.id
+) AS w ON true
+WHERE j.status = 'Queued'
+  AND coalesce(w.newest_wakeup, j.woken_at)
+      < (SELECT clock_timestamp() - make_interval(secs => %(older_than_seconds)s))
+ORDER BY coalesce(w.newest_wakeup, j.woken_at);
+
+-- name: chaos_counts_by_status
+SELECT status, count(*)::int AS n
+FROM export_jobs
+GROUP BY status
+ORDER BY status;
+
+-- name: chaos_status_of
+SELECT id, status
+FROM export_jobs
+WHERE id = ANY(%(job_ids)s::uuid[]);
