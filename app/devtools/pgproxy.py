@@ -17,12 +17,17 @@ loses its answer:
   re-read fails too") and ``on_cut=callable`` (run on the proxy's thread at the cut, before the client
   sees anything: "recovery commits before the worker's re-read"). Each rule fires once.
 - ``refuse_connections()`` / ``accept_connections()`` / ``drop_all()`` do the same by hand.
+- ``hold_statement(name)``: the next run of the named statement waits at the proxy (its request not
+  yet forwarded, or with ``after_reply=True`` its ReadyForQuery not yet passed on) until
+  ``Hold.release()``: a stalled connection. ``Hold.reached`` is set when it waits.
+- ``disarm(rule)`` takes back a rule that has not fired (False if it already had).
+
+Every rule is one-shot and carries its own events, so several can be armed at once, from any thread.
 
 A statement is recognised by the ``/* name */`` prefix the store sends with every named statement
 (``app.store.connector``), matched in simple Query and Parse messages. psycopg prepares a statement
-after ``prepare_threshold`` (5) executions on one connection and then sends only its name: a
-worker-level test that runs one statement many times on a pooled connection should mark a statement
-that runs fewer times, or pass ``prepare_threshold=None``.
+after ``prepare_threshold`` (5) executions on one connection and then sends only its name, in Bind:
+the proxy remembers each connection's prepared statements, so a rule matches those runs too.
 
 Clients must reach the proxy without TLS/GSS encryption: ``url`` sets sslmode and gssencmode to disable
 (and the proxy declines an SSLRequest anyway). The upstream may be TCP or a unix socket, so the proxy
@@ -72,6 +77,31 @@ class Cut:
             raise self.error
 
 
+@dataclass
+class Hold:
+    """One armed hold. ``reached`` is set once the named statement's connection is waiting at the
+    proxy; ``release()`` lets it go on (a hold also ends when its connection or the proxy closes)."""
+
+    marker: bytes
+    after_reply: bool
+    reached: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+Rule = Cut | Hold
+#: Seconds between two looks, while a connection is held, at whether its link or the proxy closed.
+HOLD_POLL = 0.1
+
+
+def _cstring(body: bytes, start: int) -> tuple[bytes, int]:
+    """The NUL-terminated string at ``start`` and the offset past it."""
+    end = body.index(b"\0", start)
+    return body[start:end], end + 1
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     chunks = []
     while n:
@@ -103,7 +133,11 @@ class _Protocol(Framing):
         super().__init__(link)
         self.proxy = proxy
         self.started = False
-        self.armed: Cut | None = None      # set by the client pump before the marked statement goes up
+        self.armed: Rule | None = None      # set by the client pump before the marked statement goes up
+        #: The statements this connection prepared, by name: a prepared run sends only the name.
+        self.prepared: dict[bytes, bytes] = {}
+        #: The statement just parsed: its Bind follows at once and must not match it a second time.
+        self.just_parsed: bytes | None = None
 
     def read_from_client(self, sock: socket.socket) -> bytes:
         if self.started:
@@ -121,18 +155,50 @@ class _Protocol(Framing):
         if not self.started:
             self.started = True   # the startup message: untyped, never a statement
             return True
-        cut = self.proxy._match(message) if message[:1] in (b"Q", b"P") else None
-        if cut is None:
+        text = self._statement_text(message)
+        rule = self.proxy._match(text) if text else None
+        if rule is None:
             return True
-        if cut.after_reply:
-            self.armed = cut
+        if rule.after_reply:
+            self.armed = rule
             return True
-        self.proxy._fire(cut, self.link)
+        if isinstance(rule, Hold):
+            return self.proxy._hold(rule, self.link)
+        self.proxy._fire(rule, self.link)
         return False
+
+    def _statement_text(self, message: bytes) -> bytes | None:
+        """The text of the statement a Query, Parse or Bind (of a prepared statement) runs."""
+        kind, body = message[:1], message[5:]
+        try:
+            if kind == b"Q":
+                return body
+            if kind == b"P":
+                name, offset = _cstring(body, 0)
+                query, _ = _cstring(body, offset)
+                if name:
+                    self.prepared[name] = query
+                    self.just_parsed = name
+                return query
+            if kind == b"B":
+                _portal, offset = _cstring(body, 0)
+                name, _ = _cstring(body, offset)
+                just_parsed, self.just_parsed = self.just_parsed, None
+                if not name or name == just_parsed:
+                    return None
+                return self.prepared.get(name)
+        except ValueError:   # not NUL-terminated: not a message we understand, so never a match
+            return None
+        return None
 
     def to_client(self, message: bytes) -> bool:
         if self.armed is None:
             return True
+        if isinstance(self.armed, Hold):
+            if message[:1] != b"Z":
+                return True
+            hold, self.armed = self.armed, None
+            return self.proxy._hold(hold, self.link)
         if message[:1] == b"Z":
             # ReadyForQuery: the server has finished the statement (and committed it, in
             # autocommit). Nothing of the reply reached the client.
@@ -146,7 +212,7 @@ class PgProxy(TcpProxy):
 
     def __init__(self, upstream: Upstream):
         self.url = ""   # set by in_front_of: the URL it was made for, pointed at the proxy
-        self._rules: list[Cut] = []
+        self._rules: list[Rule] = []
         self._rules_lock = threading.Lock()
         super().__init__(upstream, framing=lambda link: _Protocol(self, link))
 
@@ -180,6 +246,21 @@ class PgProxy(TcpProxy):
                    on_cut: Callable[[], None] | None = None) -> Cut:
         return self._arm(Cut(_marker(statement), False, then_refuse, on_cut))
 
+    def hold_statement(self, statement: str, *, after_reply: bool = False) -> Hold:
+        hold = Hold(_marker(statement), after_reply)
+        with self._rules_lock:
+            self._rules.append(hold)
+        return hold
+
+    def disarm(self, rule: Rule) -> bool:
+        """Takes back a rule; False when it has already been taken by a statement (it fires, or has)."""
+        with self._rules_lock:
+            for index, armed in enumerate(self._rules):
+                if armed is rule:
+                    del self._rules[index]
+                    return True
+        return False
+
     # --- internals ---------------------------------------------------------------------------------
 
     def _arm(self, cut: Cut) -> Cut:
@@ -187,13 +268,21 @@ class PgProxy(TcpProxy):
             self._rules.append(cut)
         return cut
 
-    def _match(self, message: bytes) -> Cut | None:
+    def _match(self, text: bytes) -> Rule | None:
         with self._rules_lock:
-            for cut in self._rules:
-                if cut.marker in message:
-                    self._rules.remove(cut)
-                    return cut
+            for index, rule in enumerate(self._rules):
+                if rule.marker in text:
+                    del self._rules[index]
+                    return rule
         return None
+
+    def _hold(self, hold: Hold, link: Link) -> bool:
+        """Waits on the link's pump until the hold is released; False when the link or proxy closed."""
+        hold.reached.set()
+        while not hold.released.wait(HOLD_POLL):
+            if link.closed.is_set() or self._closing:
+                return False
+        return not link.closed.is_set()
 
     def _fire(self, cut: Cut, link: Link) -> None:
         try:

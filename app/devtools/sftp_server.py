@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +122,8 @@ class EmbeddedSftpServer:
         self.acknowledgments = acknowledgments
         self.port = port
         self.faults = Faults()
+        #: Called with the real path of every file a rename just put in place (a journal, for the chaos soak).
+        self.on_rename: Callable[[str], None] | None = None
         self._host_key: paramiko.PKey | None = None
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []

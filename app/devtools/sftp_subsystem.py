@@ -14,6 +14,11 @@ Fault hooks (``Faults``) let tests place an interruption exactly: cut the connec
 writes, drop the reply to a rename after performing it, create a file under the rename's target just
 before the rename, or hang or hold a request. Each fires once and sets an event, so tests wait on
 events rather than sleeping.
+
+The fields of ``Faults`` serve one fault at a time. ``Faults.arm(...)`` returns a ``Trap`` with events
+of its own, so several faults can be armed at once from several threads (the chaos soak does):
+hold an open, a write past N bytes of its file, a rename before or after it is performed; cut the
+connection at a write past N bytes; drop a rename's reply. ``Trap.path`` says which file it caught.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +36,9 @@ from paramiko.message import Message
 from paramiko.sftp import (
     CMD_EXTENDED,
     CMD_EXTENDED_REPLY,
+    CMD_OPEN,
     CMD_RENAME,
+    CMD_STAT,
     CMD_WRITE,
     SFTP_FAILURE,
     SFTP_NO_SUCH_FILE,
@@ -40,6 +48,44 @@ from paramiko.sftp import (
 )
 
 ACK_SUFFIX = ".ack"
+#: Where a ``Trap`` waits: the request kinds it can catch. "renamed" is a rename performed, its reply
+#: not yet sent.
+TRAP_POINTS = ("open", "write", "stat", "rename", "renamed")
+#: What a ``Trap`` does there: wait until released, close the connection, or (renames) perform the
+#: rename and close the connection instead of replying.
+TRAP_ACTIONS = ("hold", "cut", "drop-reply")
+#: Seconds between two looks, while a request is held, at whether the server is stopping.
+HOLD_POLL = 0.1
+
+
+@dataclass(eq=False)
+class Trap:
+    """One armed one-shot fault: at the next request of kind ``at`` whose path contains
+    ``path_contains`` (and, for writes, whose end passes ``after_bytes`` of its file), do ``action``.
+    ``reached`` is set when it fires, with ``path`` (and ``source``, a rename's old path) filled in;
+    a hold waits until ``release()``."""
+
+    at: str
+    action: str = "hold"
+    path_contains: str | None = None
+    after_bytes: int | None = None
+    reached: threading.Event = field(default_factory=threading.Event)
+    resume: threading.Event = field(default_factory=threading.Event)
+    path: str | None = None
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.at not in TRAP_POINTS or self.action not in TRAP_ACTIONS:
+            raise ValueError(f"no trap {self.action!r} at {self.at!r}")
+        if self.action == "drop-reply" and self.at != "rename":
+            raise ValueError("only a rename's reply can be dropped")
+
+    def release(self) -> None:
+        self.resume.set()
+
+    def matches(self, at: str, path: str, end: int) -> bool:
+        return (self.at == at and (self.path_contains is None or self.path_contains in path)
+                and (self.after_bytes is None or end > self.after_bytes))
 #: Bytes read at a time when hashing a file for check-file-name or an acknowledgment.
 HASH_CHUNK = 1 << 20
 
@@ -70,6 +116,42 @@ class Faults:
     held: threading.Event = field(default_factory=threading.Event)
     resume: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    traps: list[Trap] = field(default_factory=list)
+
+    def arm(self, at: str, action: str = "hold", *, path_contains: str | None = None,
+            after_bytes: int | None = None) -> Trap:
+        trap = Trap(at, action, path_contains, after_bytes)
+        with self.lock:
+            self.traps.append(trap)
+        return trap
+
+    def disarm(self, trap: Trap) -> bool:
+        """Takes back a trap; False when a request has already taken it."""
+        with self.lock:
+            for index, armed in enumerate(self.traps):
+                if armed is trap:
+                    del self.traps[index]
+                    return True
+        return False
+
+    def spring(self, at: str, path: str, end: int = 0, source: str | None = None) -> Trap | None:
+        """The first armed trap for this request, taken (it fires once), its ``reached`` set."""
+        with self.lock:
+            for index, trap in enumerate(self.traps):
+                if trap.matches(at, path, end):
+                    del self.traps[index]
+                    break
+            else:
+                return None
+        trap.path, trap.source = path, source
+        trap.reached.set()
+        return trap
+
+    def wait_released(self, trap: Trap) -> None:
+        """Blocks a held request until its trap is released or the server stops."""
+        while not trap.resume.wait(HOLD_POLL):
+            if self.release.is_set():
+                return
 
     def hold(self, kind: str) -> None:
         with self.lock:
@@ -236,6 +318,10 @@ class _Filesystem(paramiko.SFTPServerInterface):
         return SFTP_OK
 
     def _acknowledge(self, final_path: str) -> None:
+        # Every successful rename passes here: the peer may keep a journal of them.
+        on_rename: Callable[[str], None] | None = getattr(self.peer, "on_rename", None)
+        if on_rename is not None:
+            on_rename(final_path)
         if self.peer.acknowledgments:
             acknowledge(final_path)
 
@@ -273,14 +359,35 @@ class Subsystem(paramiko.SFTPServer):
         transport = self.sock.get_transport()
         transport.close()
 
+    def _trapped(self, trap: Trap | None) -> bool:
+        """Does what a sprung trap says; True when the request must go no further (the link is cut)."""
+        if trap is None:
+            return False
+        if trap.action == "cut":
+            self._cut()
+            return True
+        self.peer.faults.wait_released(trap)
+        return False
+
+    def _path_of(self, handle: bytes) -> str:
+        opened = self.file_table.get(handle)
+        return str(getattr(opened, "filename", "") or "")
+
     def _process(self, t, request_number, msg):
         faults = self.peer.faults
         start = msg.packet.tell()
+        if t in (CMD_OPEN, CMD_STAT):
+            path = msg.get_text()
+            msg.packet.seek(start)
+            if self._trapped(faults.spring("open" if t == CMD_OPEN else "stat", path)):
+                return
         if t == CMD_WRITE:
-            msg.get_binary()  # handle
-            msg.get_int64()  # offset
+            handle = msg.get_binary()
+            offset = msg.get_int64()
             size = len(msg.get_binary())
             msg.packet.seek(start)
+            if self._trapped(faults.spring("write", self._path_of(handle), offset + size)):
+                return
             if faults.take_hang("write"):
                 faults.hang()
                 self._cut()
@@ -320,6 +427,9 @@ class Subsystem(paramiko.SFTPServer):
             faults.hang()
             self._cut()
             return
+        trap = faults.spring("rename", newpath, source=oldpath)
+        if trap is not None and trap.action != "drop-reply" and self._trapped(trap):
+            return
         with faults.lock:
             plant, faults.occupy_before_rename = faults.occupy_before_rename, None
             drop, faults.drop_rename_reply = faults.drop_rename_reply, False
@@ -328,9 +438,12 @@ class Subsystem(paramiko.SFTPServer):
                 late.write(plant)
             faults.occupied.set()
         status = fs.posix_rename(oldpath, newpath) if posix else fs.rename(oldpath, newpath)
-        if drop:
-            faults.rename_reply_dropped.set()
+        if drop or (trap is not None and trap.action == "drop-reply"):
+            if drop:
+                faults.rename_reply_dropped.set()
             self._cut()
+            return
+        if status == SFTP_OK and self._trapped(faults.spring("renamed", newpath, source=oldpath)):
             return
         self._send_status(request_number, status)
 

@@ -1,10 +1,14 @@
-"""The demo's own reads and writes, as the database owner: a lock that holds builds, a look at builds
-waiting on it, and the removal of earlier demos' databases. Test equipment (app/devtools) only."""
+"""The demo's and the chaos soak's own reads and writes, as the database owner: a lock that holds
+builds, a look at builds waiting on it, the owner of an attempt, the ending of sessions (the workers',
+or all of a database's), and the removal of earlier demos' and soaks' databases. Test equipment
+(app/devtools) only."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg import sql
@@ -39,7 +43,37 @@ def drop_earlier_demos(conn: psycopg.Connection, *, current: str) -> list[str]:
     """Drops every demo database but ``current`` (no demo may still use one) and returns their names."""
     names = [r["datname"] for r in connector.fetch_all(conn, "devtools_earlier_demo_databases", dict(current=current))]
     for name in names:
-        # DROP DATABASE takes no parameters: the name goes in as an identifier.
-        conn.execute(sql.SQL("/* devtools_drop_database */ DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                     .format(sql.Identifier(name)))
+        drop_database(conn, name)
     return names
+
+
+def attempt_owner(conn: psycopg.Connection, attempt_id: UUID) -> dict[str, Any] | None:
+    """``{job_id, claimed_by, status}`` of the job whose current attempt is ``attempt_id``, or None."""
+    return connector.fetch_one(conn, "devtools_attempt_owner", dict(attempt_id=attempt_id))
+
+
+def terminate_sessions(conn: psycopg.Connection, application_names: Iterable[str]) -> int:
+    """Ends this database's sessions opened under ``application_names``; returns how many were ended."""
+    rows = connector.fetch_all(conn, "devtools_terminate_sessions", dict(names=list(application_names)))
+    return sum(1 for r in rows if r["terminated"])
+
+
+def terminate_database(conn: psycopg.Connection) -> int:
+    """Ends every other client session of this database; returns how many were ended."""
+    return sum(1 for r in connector.fetch_all(conn, "devtools_terminate_database") if r["terminated"])
+
+
+def drop_earlier_chaos(conn: psycopg.Connection, *, current: str) -> list[str]:
+    """Drops every earlier chaos soak's database but ``current`` and returns their names."""
+    names = [r["datname"] for r in connector.fetch_all(conn, "devtools_earlier_chaos_databases",
+                                                       dict(current=current))]
+    for name in names:
+        drop_database(conn, name)
+    return names
+
+
+def drop_database(conn: psycopg.Connection, name: str) -> None:
+    """Drops ``name``, ending its sessions first."""
+    # DROP DATABASE takes no parameters: the name goes in as an identifier.
+    conn.execute(sql.SQL("/* devtools_drop_database */ DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                 .format(sql.Identifier(name)))

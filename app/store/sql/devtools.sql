@@ -18,3 +18,31 @@ SELECT datname
 FROM pg_database
 WHERE datname LIKE 'demo\_%%' AND datname <> %(current)s
 ORDER BY datname;
+
+-- name: devtools_attempt_owner
+-- The worker that claimed an attempt (hostname:pid:thread) and the job's status now: the chaos soak
+-- kills the process that owns a job at a chosen point.
+SELECT id AS job_id, claimed_by, status
+FROM export_jobs
+WHERE attempt_id = %(attempt_id)s;
+
+-- name: devtools_terminate_sessions
+-- Ends the sessions of this database opened under the given application names (the workers'
+-- pools), as an administrator's pg_terminate_backend would. Returns one row per session ended.
+SELECT pid, application_name, pg_terminate_backend(pid) AS terminated
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ANY(%(names)s);
+
+-- name: devtools_terminate_database
+-- Ends every other session of this database: what a server restart does to its clients, where the
+-- server itself cannot be restarted.
+SELECT pid, application_name, pg_terminate_backend(pid) AS terminated
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend';
+
+-- name: devtools_earlier_chaos_databases
+-- The databases of earlier chaos soaks on this server, all but the current one.
+SELECT datname
+FROM pg_database
+WHERE datname LIKE 'chaos\_%%' AND datname <> %(current)s
+ORDER BY datname;
