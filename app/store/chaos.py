@@ -65,9 +65,9 @@ def overdue_leases(conn: psycopg.Connection[Any], *, grace_seconds: float) -> li
 
 
 def stale_queued(conn: psycopg.Connection[Any], *, older_than_seconds: float) -> list[Row]:
-    """Queued jobs whose newest wake-up (an outbox row's ``coalesce(due_at, created_at)``, or
-    ``woken_at`` when retention archived them all) is older than ``older_than_seconds``, oldest first:
-    ``id, woken_at, sweep_count, deferrals, newest_wakeup, age_seconds``."""
+    """Queued jobs whose newest wake-up (``last_wake_up``: the newest outbox row's
+    ``coalesce(due_at, created_at)``, or ``woken_at`` when retention archived them all) is older than
+    ``older_than_seconds``, oldest first: ``id, woken_at, sweep_count, deferrals, last_wake_up, age_seconds``."""
     return connector.fetch_all(conn, "chaos_stale_queued", dict(older_than_seconds=older_than_seconds))
 
 
@@ -80,3 +80,14 @@ def status_of(conn: psycopg.Connection[Any], job_ids: Iterable[UUID]) -> dict[UU
     """The status of each found job; a missing job is absent from the answer."""
     rows = connector.fetch_all(conn, "chaos_status_of", dict(job_ids=list(job_ids)))
     return {r["id"]: r["status"] for r in rows}
+
+
+def unpublished_outbox(conn: psycopg.Connection[Any], *, due_only: bool = False) -> int:
+    """Outbox rows not published yet; with ``due_only``, only those already due."""
+    row = connector.fetch_one(conn, "chaos_unpublished_outbox", dict(due_only=due_only))
+    return row["n"] if row else 0
+
+
+def final_states(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Jobs by status, a Failed one by its code as well (``"Failed/NotDelivered"``); absent: none."""
+    return {r["state"]: r["n"] for r in connector.fetch_all(conn, "chaos_final_states")}

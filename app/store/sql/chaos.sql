@@ -78,16 +78,17 @@ ORDER BY lease_expires_at;
 -- Queued jobs whose newest wake-up is older than the bound: its time is the row's due time, or its
 -- insert time when due at once, as the relay and the sweeper count it; a job whose rows retention
 -- archived counts from woken_at.
-SELECT j.id, j.woken_at, j.sweep_count, j.deferrals, w.newest_wakeup,
-       extract(epoch FROM clock_timestamp() - coalesce(w.newest_wakeup, j.woken_at))::float8 AS age_seconds
-FROM export_jobs j
-LEFT JOIN LATERAL (
-    SELECT max(coalesce(o.due_at, o.created_at)) AS newest_wakeup FROM outbox o WHERE o.job_id = j.id
-) AS w ON true
-WHERE j.status = 'Queued'
-  AND coalesce(w.newest_wakeup, j.woken_at)
-      < (SELECT clock_timestamp() - make_interval(secs => %(older_than_seconds)s))
-ORDER BY coalesce(w.newest_wakeup, j.woken_at);
+SELECT id, woken_at, sweep_count, deferrals, last_wake_up,
+       extract(epoch FROM clock_timestamp() - last_wake_up)::float8 AS age_seconds
+FROM (
+    SELECT j.id, j.woken_at, j.sweep_count, j.deferrals,
+           coalesce((SELECT max(coalesce(o.due_at, o.created_at)) FROM outbox o WHERE o.job_id = j.id),
+                    j.woken_at) AS last_wake_up
+    FROM export_jobs j
+    WHERE j.status = 'Queued'
+) AS queued
+WHERE last_wake_up < (SELECT clock_timestamp() - make_interval(secs => %(older_than_seconds)s))
+ORDER BY last_wake_up;
 
 -- name: chaos_counts_by_status
 SELECT status, count(*)::int AS n
@@ -99,3 +100,19 @@ ORDER BY status;
 SELECT id, status
 FROM export_jobs
 WHERE id = ANY(%(job_ids)s::uuid[]);
+
+-- name: chaos_unpublished_outbox
+-- Outbox rows the relay has not published; with due_only, those already due (a deferral's wake-up due
+-- later is not counted).
+SELECT count(*)::int AS n
+FROM outbox
+WHERE published_at IS NULL
+  AND (NOT %(due_only)s OR coalesce(due_at, created_at) <= clock_timestamp());
+
+-- name: chaos_final_states
+-- Jobs by status, a Failed one by its code too ("Failed/NotDelivered").
+SELECT CASE WHEN status = 'Failed' THEN status || '/' || failure_reason ELSE status END AS state,
+       count(*)::int AS n
+FROM export_jobs
+GROUP BY 1
+ORDER BY 1;

@@ -207,6 +207,11 @@ def test_the_clean_history_holds_every_end_state_the_rules_judge(world):
                       "OutcomeUnknown": 1}
     assert chaos.status_of(world.admin, [world.jobs["retried"].id, uuid.uuid4()]) == {
         world.jobs["retried"].id: "Completed"}
+    assert chaos.final_states(world.admin) == {"Queued": 1, "Canceled": 1, "Stopped": 1, "Rejected": 1,
+                                               "Failed/BuildFailed": 1, "Completed": 5, "OutcomeUnknown": 1}
+    # The waiting job's wake-up is the one row left, due in an hour.
+    assert chaos.unpublished_outbox(world.admin) == 1
+    assert chaos.unpublished_outbox(world.admin, due_only=True) == 0
 
 
 # --- 1. two final files -----------------------------------------------------------------------------
@@ -446,7 +451,10 @@ def test_stale_queued_counts_from_the_newest_wakeup_and_spares_a_deferral_still_
     _forge(world.admin, "UPDATE outbox SET created_at = created_at - interval '10 minutes' WHERE job_id = %s",
            (stale.id,))
 
-    assert [r["id"] for r in chaos.stale_queued(world.admin, older_than_seconds=300)] == [stale.id]
+    rows = chaos.stale_queued(world.admin, older_than_seconds=300)
+
+    assert [r["id"] for r in rows] == [stale.id]
+    assert rows[0]["age_seconds"] >= 600 and rows[0]["last_wake_up"] < rows[0]["woken_at"]
     # The waiting job's newest wake-up is due in an hour: never stale before then.
     assert world.jobs["waiting"].id not in {r["id"] for r in chaos.stale_queued(world.admin, older_than_seconds=-60)}
 
