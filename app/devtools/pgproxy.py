@@ -20,7 +20,8 @@ loses its answer:
 - ``hold_statement(name)``: the next run of the named statement waits at the proxy (its request not
   yet forwarded, or with ``after_reply=True`` its ReadyForQuery not yet passed on) until
   ``Hold.release()``: a stalled connection. ``Hold.reached`` is set when it waits.
-- ``disarm(rule)`` takes back a rule that has not fired (False if it already had).
+- ``disarm(rule)`` takes back a rule that has not fired (False if it already had); ``release_all()``
+  disarms every rule and releases every hold.
 
 Every rule is one-shot and carries its own events, so several can be armed at once, from any thread.
 
@@ -213,6 +214,7 @@ class PgProxy(TcpProxy):
     def __init__(self, upstream: Upstream):
         self.url = ""   # set by in_front_of: the URL it was made for, pointed at the proxy
         self._rules: list[Rule] = []
+        self._holds: list[Hold] = []   # every hold armed and not yet released, for release_all
         self._rules_lock = threading.Lock()
         super().__init__(upstream, framing=lambda link: _Protocol(self, link))
 
@@ -250,7 +252,16 @@ class PgProxy(TcpProxy):
         hold = Hold(_marker(statement), after_reply)
         with self._rules_lock:
             self._rules.append(hold)
+            self._holds = [h for h in self._holds if not h.released.is_set()] + [hold]
         return hold
+
+    def release_all(self) -> None:
+        """Disarms every rule and releases every hold: the end of a soak, whatever its faults were doing."""
+        with self._rules_lock:
+            self._rules.clear()
+            holds, self._holds = self._holds, []
+        for hold in holds:
+            hold.release()
 
     def disarm(self, rule: Rule) -> bool:
         """Takes back a rule; False when it has already been taken by a statement (it fires, or has)."""

@@ -117,6 +117,8 @@ class Faults:
     resume: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     traps: list[Trap] = field(default_factory=list)
+    #: Traps that fired and hold a request, until released (``release_traps`` releases them all).
+    sprung: list[Trap] = field(default_factory=list)
 
     def arm(self, at: str, action: str = "hold", *, path_contains: str | None = None,
             after_bytes: int | None = None) -> Trap:
@@ -134,12 +136,22 @@ class Faults:
                     return True
         return False
 
+    def release_traps(self) -> None:
+        """Disarms every trap and releases every held request."""
+        with self.lock:
+            traps, self.traps = self.traps, []
+            sprung, self.sprung = self.sprung, []
+        for trap in traps + sprung:
+            trap.release()
+
     def spring(self, at: str, path: str, end: int = 0, source: str | None = None) -> Trap | None:
         """The first armed trap for this request, taken (it fires once), its ``reached`` set."""
         with self.lock:
             for index, trap in enumerate(self.traps):
                 if trap.matches(at, path, end):
                     del self.traps[index]
+                    if trap.action == "hold":
+                        self.sprung = [t for t in self.sprung if not t.resume.is_set()] + [trap]
                     break
             else:
                 return None

@@ -47,23 +47,23 @@ def drop_earlier_demos(conn: psycopg.Connection, *, current: str) -> list[str]:
     return names
 
 
-def attempt_owner(conn: psycopg.Connection, attempt_id: UUID) -> dict[str, Any] | None:
+def attempt_owner(conn: psycopg.Connection[Any], attempt_id: UUID) -> dict[str, Any] | None:
     """``{job_id, claimed_by, status}`` of the job whose current attempt is ``attempt_id``, or None."""
     return connector.fetch_one(conn, "devtools_attempt_owner", dict(attempt_id=attempt_id))
 
 
-def terminate_sessions(conn: psycopg.Connection, application_names: Iterable[str]) -> int:
+def terminate_sessions(conn: psycopg.Connection[Any], application_names: Iterable[str]) -> int:
     """Ends this database's sessions opened under ``application_names``; returns how many were ended."""
     rows = connector.fetch_all(conn, "devtools_terminate_sessions", dict(names=list(application_names)))
     return sum(1 for r in rows if r["terminated"])
 
 
-def terminate_database(conn: psycopg.Connection) -> int:
+def terminate_database(conn: psycopg.Connection[Any]) -> int:
     """Ends every other client session of this database; returns how many were ended."""
     return sum(1 for r in connector.fetch_all(conn, "devtools_terminate_database") if r["terminated"])
 
 
-def drop_earlier_chaos(conn: psycopg.Connection, *, current: str) -> list[str]:
+def drop_earlier_chaos(conn: psycopg.Connection[Any], *, current: str) -> list[str]:
     """Drops every earlier chaos soak's database but ``current`` and returns their names."""
     names = [r["datname"] for r in connector.fetch_all(conn, "devtools_earlier_chaos_databases",
                                                        dict(current=current))]
@@ -72,8 +72,14 @@ def drop_earlier_chaos(conn: psycopg.Connection, *, current: str) -> list[str]:
     return names
 
 
-def drop_database(conn: psycopg.Connection, name: str) -> None:
+def drop_database(conn: psycopg.Connection[Any], name: str) -> None:
     """Drops ``name``, ending its sessions first."""
     # DROP DATABASE takes no parameters: the name goes in as an identifier.
     conn.execute(sql.SQL("/* devtools_drop_database */ DROP DATABASE IF EXISTS {} WITH (FORCE)")
                  .format(sql.Identifier(name)))
+
+
+def grant_connect(conn: psycopg.Connection[Any], database: str, login: str) -> None:
+    """Lets ``login`` connect to ``database`` (a configured server may revoke it from PUBLIC)."""
+    conn.execute(sql.SQL("/* devtools_grant_connect */ GRANT CONNECT ON DATABASE {} TO {}")
+                 .format(sql.Identifier(database), sql.Identifier(login)))
