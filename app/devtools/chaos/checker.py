@@ -34,8 +34,9 @@ The rules, as ``docs/protocol.md`` states the promises:
   ``DeferredPartnerUnavailable`` events.
 - ``resolved-without-evidence``: a job that left OutcomeUnknown (``Reconciled``), or that recovery
   resolved Completed from Delivering (``ResolvedByRecovery``), with no ``DeliveryEvidence`` of that
-  attempt before it; an operator's reconciliation (in the ledger) may instead cite evidence, which
-  must not be blank in the ledger nor in the event.
+  attempt appended after its ``DeliveryAuthorized`` and before the resolution (the baseline listed
+  before cutoff 2 says nothing of the upload); an operator's reconciliation (in the ledger) may instead
+  cite evidence, which must not be blank in the ledger nor in the event.
 - ``double-click-differs``: the same cancel request sent twice got two different outcomes.
 - ``orphan-local-file``: a file left in a worker's local directory after the scavenger ran.
 - ``outbox-not-drained``: an unpublished outbox row that is already due (rows due later are a
@@ -341,8 +342,12 @@ class _Judge:
                     kind == EventKind.RESOLVED_BY_RECOVERY and _status_word(detail) is Status.COMPLETED)
                 if not resolving:
                     continue
+                # The attempt's baseline, listed before cutoff 2, says nothing of what the upload did: only
+                # what was observed after its DeliveryAuthorized counts.
+                authorized = next((e["id"] for e in events if e["kind"] == EventKind.DELIVERY_AUTHORIZED
+                                   and e["attempt_id"] == event["attempt_id"]), 0)
                 observed = any(e["kind"] == EventKind.DELIVERY_EVIDENCE and e["attempt_id"] == event["attempt_id"]
-                               and e["id"] < event["id"] for e in events)
+                               and authorized < e["id"] < event["id"] for e in events)
                 if observed:
                     continue
                 operator = by_operator.get((job["id"], event["attempt_id"])) if kind == EventKind.RECONCILED else None
@@ -352,7 +357,8 @@ class _Judge:
                 who = "an operator" if operator else f"{event['observed_by']!r}"
                 self.flag("resolved-without-evidence", job["id"],
                           f"{kind} ({detail!r}) by {who} for attempt {event['attempt_id']} with no DeliveryEvidence "
-                          "before it" + ("" if operator is None else " and no cited evidence"))
+                          "between its cutoff 2 and this resolution"
+                          + ("" if operator is None else " and no cited evidence"))
 
     # 7 and 8 ---------------------------------------------------------------------------------------
 
@@ -479,7 +485,8 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     ``partner_renames`` counts the partner's successful renames onto each final path, relative to
     ``partner_root`` (``"<remote_dir>/<final name>"``). The partner's files are judged by their final
     name, a function of the delivery key alone, so keys are taken to be unique across tenants."""
-    judge = _Judge(store.read_history(conn), _Partner(partner_root, remote_dir), partner_renames, work_dirs, ledger)
+    renames = {path.lstrip("/"): count for path, count in partner_renames.items()}
+    judge = _Judge(store.read_history(conn), _Partner(partner_root, remote_dir), renames, work_dirs, ledger)
     judge.final_files()
     judge.cancels_before_cutoff_2()
     judge.settled()

@@ -67,8 +67,11 @@ class World:
     # --- jobs through the real statements ------------------------------------------------------------
 
     def delivering(self, job: Job | None = None, content: bytes = b"id,email\n1,a@example.com\n",
-                   replaces: Job | None = None) -> tuple[Job, bytes]:
+                   replaces: Job | None = None, baseline: str | None = None) -> tuple[Job, bytes]:
         job = self.seed.running(job)
+        if baseline is not None:
+            assert export.append_evidence(self.conn, job_id=job.id, attempt_id=job.attempt_id, observed_by=WORKER,
+                                          detail=baseline)
         expected = ExpectedFile(export.final_name(job.delivery_key), len(content), hashlib.sha256(content).digest())
         assert export.try_authorize_delivery(self.conn, job_id=job.id, tenant_id=job.tenant_id,
                                              attempt_id=job.attempt_id, expected=expected,
@@ -85,9 +88,9 @@ class World:
         self.finish(job, Status.COMPLETED)
         return job
 
-    def outcome_unknown(self, content: bytes | None = None) -> Job:
+    def outcome_unknown(self, content: bytes | None = None, baseline: str | None = None) -> Job:
         """Delivering, then OutcomeUnknown (the rename's reply was lost); ``content`` did reach the partner."""
-        job, sent = self.delivering(content=content or b"id,email\n2,b@example.com\n")
+        job, sent = self.delivering(content=content or b"id,email\n2,b@example.com\n", baseline=baseline)
         if content is not None:
             self.rename_onto(job, sent)
         self.finish(job, Status.OUTCOME_UNKNOWN)
@@ -163,7 +166,7 @@ def world(seed, admin, connect_as, tmp_path) -> World:
     w.jobs["by_operator"] = by_operator
 
     # OutcomeUnknown, reconciled by recovery from the evidence appended for the attempt.
-    by_recovery = w.outcome_unknown(b"id,email\n5,e@example.com\n")
+    by_recovery = w.outcome_unknown(b"id,email\n5,e@example.com\n", baseline="baseline: absent")
     assert export.append_evidence(w.conn, job_id=by_recovery.id, attempt_id=by_recovery.attempt_id,
                                   observed_by="recovery-chaos", detail="inspected: name, size and hash match")
     w.reconcile(by_recovery, by="recovery-chaos", evidence="inspected listing matches")
@@ -388,6 +391,18 @@ def test_a_reconciliation_with_no_evidence_before_it_is_resolved_without_evidenc
     world.reconcile(job, by="recovery-chaos", evidence="trust me")
 
     assert world.fired() == {("resolved-without-evidence", job.id)}
+
+
+def test_a_reconciliation_on_the_baseline_listed_before_cutoff_2_alone_is_resolved_without_evidence(world):
+    job = world.outcome_unknown(b"id,email\n9,i@example.com\n", baseline="baseline: absent")
+    world.reconcile(job, by="recovery-chaos", evidence="baseline only")
+    world.publish()
+
+    violations = world.check()
+
+    assert [(v.rule, v.job_id) for v in violations] == [("resolved-without-evidence", job.id)]
+    assert [e["kind"] for e in violations[0].history["events"]] == [
+        "Claimed", "DeliveryEvidence", "DeliveryAuthorized", "Finished", "Reconciled"]
 
 
 def test_an_operators_reconciliation_that_cites_nothing_is_resolved_without_evidence(world):
