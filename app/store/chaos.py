@@ -18,13 +18,15 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True)
 class History:
-    """Every row the checker judges, read in one snapshot: jobs in creation order; events, outbox rows
-    and cancellation requests by job, each job's in the order they were written."""
+    """Every row the checker judges, read in one snapshot: jobs in creation order (each with its
+    destination's ``remote_dir``); events, outbox rows and cancellation requests by job, each job's in the
+    order they were written; and every destination's directory."""
 
     jobs: list[Row]
     events: dict[UUID, list[Row]]
     outbox: dict[UUID, list[Row]]
     cancellations: dict[UUID, list[Row]]
+    remote_dirs: list[str]
 
 
 def _by_job(rows: list[Row]) -> dict[UUID, list[Row]]:
@@ -43,11 +45,13 @@ def read_history(conn: psycopg.Connection[Any]) -> History:
         events = connector.fetch_all(conn, "chaos_events")
         outbox = connector.fetch_all(conn, "chaos_outbox")
         cancellations = connector.fetch_all(conn, "chaos_cancellations")
-    return History(jobs, _by_job(events), _by_job(outbox), _by_job(cancellations))
+        remote_dirs = [r["remote_dir"] for r in connector.fetch_all(conn, "chaos_remote_dirs")]
+    return History(jobs, _by_job(events), _by_job(outbox), _by_job(cancellations), remote_dirs)
 
 
 def job_rows(conn: psycopg.Connection[Any], job_id: UUID) -> tuple[Row | None, list[Row], list[Row], list[Row]]:
-    """One job's row (None if missing), events, outbox rows and cancellation requests, in one snapshot."""
+    """One job's row (None if missing; with its destination's ``remote_dir``), events, outbox rows and
+    cancellation requests, in one snapshot."""
     params = dict(job_id=job_id)
     with conn.transaction():
         connector.execute(conn, "chaos_snapshot")

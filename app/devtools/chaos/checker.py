@@ -7,8 +7,8 @@ history (its row, events in order, outbox rows, cancellation requests and the pa
 The rules, as ``docs/protocol.md`` states the promises:
 
 - ``two-final-files``: a delivery key finalized more than once (the partner recorded more than one
-  rename onto its final name, or more than one of its jobs is Completed), with no overwrite agreement
-  on any job of the key.
+  rename onto its final name, the name is in more than one destination's directory, or more than one
+  of its jobs is Completed), with no overwrite agreement on any job of the key.
 - ``file-after-cancel``: a Canceled, Stopped or Rejected job whose key has a final file that no
   Completed or OutcomeUnknown job of the key accounts for; or a job whose cancel was answered
   ``CanceledWhileQueued`` or ``StopRequested`` (in the ledger or recorded) that still passed cutoff 2
@@ -109,7 +109,7 @@ _CORRECTION = re.compile(r"^(?P<recorded>[A-Za-z]+) to (?P<corrected>[A-Za-z]+):
 
 @dataclass(frozen=True)
 class PartnerFile:
-    relative: str          # to the partner's root, as partner_renames names it: "inbox/<final name>"
+    relative: str          # to the partner's root: "inbox/<final name>"
     size: int
     sha256: str
 
@@ -118,27 +118,38 @@ class PartnerFile:
 
 
 class _Partner:
-    """The partner's final files, hashed once each."""
+    """The partner's final files in each destination's directory, hashed once each."""
 
-    def __init__(self, root: Path, remote_dir: str):
+    def __init__(self, root: Path, directories: Iterable[str | None]):
         self.root = root
-        self.directory = remote_dir.strip("/")
+        self.directories = sorted({d.strip("/") for d in directories if d is not None})
         self._files: dict[str, PartnerFile | None] = {}
 
-    def relative(self, name: str) -> str:
-        return f"{self.directory}/{name}" if self.directory else name
+    @staticmethod
+    def relative(directory: str | None, name: str) -> str:
+        directory = (directory or "").strip("/")
+        return f"{directory}/{name}" if directory else name
 
-    def file(self, name: str) -> PartnerFile | None:
-        if name not in self._files:
-            self._files[name] = _read_file(self.root / self.relative(name), self.relative(name))
-        return self._files[name]
+    def file(self, directory: str | None, name: str) -> PartnerFile | None:
+        relative = self.relative(directory, name)
+        if relative not in self._files:
+            self._files[relative] = _read_file(self.root / relative, relative)
+        return self._files[relative]
+
+    def files(self, name: str) -> list[PartnerFile]:
+        """The files under this final name, in every directory."""
+        return [f for d in self.directories if (f := self.file(d, name)) is not None]
 
     def final_names(self) -> list[str]:
-        """The final files there now, by name; dot-files (uploads under their temporary names) are not."""
-        directory = self.root / self.directory
-        if not directory.is_dir():
-            return []
-        return sorted(p.name for p in directory.iterdir() if _FINAL_FILE.match(p.name) and p.is_file())
+        """The relative paths of the final files there now; dot-files (uploads under their temporary
+        names) and acknowledgments are not."""
+        found = []
+        for directory in self.directories:
+            path = self.root / directory
+            if path.is_dir():
+                found += [self.relative(directory, p.name) for p in path.iterdir()
+                          if _FINAL_FILE.match(p.name) and p.is_file()]
+        return sorted(found)
 
 
 def _read_file(path: Path, relative: str) -> PartnerFile | None:
@@ -174,19 +185,26 @@ def _jsonable(value: Any) -> Any:
 
 
 def _history(row: Row | None, events: Sequence[Row], outbox: Sequence[Row], cancellations: Sequence[Row],
-             partner: _Partner) -> dict[str, Any]:
-    found = partner.file(final_name(row["delivery_key"])) if row else None
+             partner: _Partner, default_dir: str) -> dict[str, Any]:
+    own = elsewhere = None
+    if row is not None:
+        name = final_name(row["delivery_key"])
+        own = partner.file(row["remote_dir"] or default_dir, name)
+        elsewhere = [f.as_json() for f in partner.files(name) if f != own]
     return _jsonable({"row": row, "events": list(events), "outbox": list(outbox),
                       "cancellations": list(cancellations),
-                      "partner_file": found.as_json() if found else None})
+                      "partner_file": own.as_json() if own else None, "partner_files_elsewhere": elsewhere or []})
 
 
 def job_history(conn: psycopg.Connection[Any], job_id: UUID, partner_root: Path, remote_dir: str) -> dict[str, Any]:
-    """One job's history, ready for JSON: ``row`` (None if no such job), ``events`` in order, ``outbox``
-    rows, ``cancellations`` (its requests) and ``partner_file`` (``path``, ``size``, ``sha256`` of its
-    key's final file at the partner, or None)."""
+    """One job's history, ready for JSON: ``row`` (None if no such job; with its destination's
+    ``remote_dir``), ``events`` in order, ``outbox`` rows, ``cancellations`` (its requests),
+    ``partner_file`` (``path``, ``size``, ``sha256`` of its key's final file in its destination's
+    directory, or None) and ``partner_files_elsewhere`` (the same name in ``remote_dir``, if that is
+    another directory)."""
     row, events, outbox, cancellations = store.job_rows(conn, job_id)
-    return _history(row, events, outbox, cancellations, _Partner(partner_root, remote_dir))
+    partner = _Partner(partner_root, [remote_dir, row["remote_dir"] if row else None])
+    return _history(row, events, outbox, cancellations, partner, remote_dir)
 
 
 # --- the rules ------------------------------------------------------------------------------------
@@ -196,7 +214,9 @@ def job_history(conn: psycopg.Connection[Any], job_id: UUID, partner_root: Path,
 class _Judge:
     snapshot: store.History
     partner: _Partner
-    partner_renames: Mapping[str, int]
+    default_dir: str
+    #: Renames onto each final name, over every directory.
+    renames: Mapping[str, int]
     work_dirs: Sequence[Path]
     ledger: Ledger
 
@@ -222,54 +242,57 @@ class _Judge:
         if job_id is None:
             return {}
         return _history(self.jobs.get(job_id), self.events(job_id), self.snapshot.outbox.get(job_id, []),
-                        self.snapshot.cancellations.get(job_id, []), self.partner)
+                        self.snapshot.cancellations.get(job_id, []), self.partner, self.default_dir)
 
     # 1, 2 and 3: the partner's files --------------------------------------------------------------
 
     def final_files(self) -> None:
         for key, jobs in self.by_key.items():
             name = final_name(key)
-            present = self.partner.file(name)
-            renames = self.partner_renames.get(self.partner.relative(name), 0)
+            present = self.partner.files(name)
+            renames = self.renames.get(name, 0)
             completed = [j for j in jobs if j["status"] == Status.COMPLETED]
             agreement = any(j["overwrite_agreement_ref"] for j in jobs)
-            if not agreement and (renames > 1 or len(completed) > 1):
+            if not agreement and (renames > 1 or len(completed) > 1 or len(present) > 1):
                 culprit = (completed or jobs)[-1]
                 self.flag("two-final-files", culprit["id"],
-                          f"key {key!r}: {renames} rename(s) onto {self.partner.relative(name)}, "
+                          f"key {key!r}: {renames} rename(s) onto {name}, files {[f.relative for f in present]}, "
                           f"Completed jobs {[str(j['id']) for j in completed]}, no overwrite agreement")
-            if present is not None and not any(j["status"] in _ACCOUNTS_FOR_FILE for j in jobs):
+            if present and not any(j["status"] in _ACCOUNTS_FOR_FILE for j in jobs):
+                where = ", ".join(f"{f.relative} (sha256 {f.sha256[:16]}...)" for f in present)
                 ended = [j for j in jobs if j["status"] in _ENDED_BY_OPERATOR]
                 for job in ended:
                     self.flag("file-after-cancel", job["id"],
-                              f"{job['status']}, and {present.relative} exists (sha256 {present.sha256[:16]}...) "
-                              f"with no Completed or OutcomeUnknown job of key {key!r}")
+                              f"{job['status']}, and {where} exists with no Completed or OutcomeUnknown job "
+                              f"of key {key!r}")
                 if not ended:
                     self.flag("unaccounted-final-file", jobs[-1]["id"],
-                              f"{present.relative} exists with no Completed or OutcomeUnknown job of key {key!r} "
+                              f"{where} exists with no Completed or OutcomeUnknown job of key {key!r} "
                               f"(statuses {[j['status'] for j in jobs]})")
             for job in completed:
-                self.completed_file(job, jobs, present)
-        for name in self.partner.final_names():
-            match = _FINAL_FILE.match(name)
+                self.completed_file(job, jobs)
+        for relative in self.partner.final_names():
+            match = _FINAL_FILE.match(relative.rsplit("/", 1)[-1])
             if match and match["key"] not in self.by_key:
-                self.flag("unaccounted-final-file", None,
-                          f"{self.partner.relative(name)} exists and no job has key {match['key']!r}")
+                self.flag("unaccounted-final-file", None, f"{relative} exists and no job has key {match['key']!r}")
 
-    def completed_file(self, job: Row, jobs: list[Row], present: PartnerFile | None) -> None:
+    def completed_file(self, job: Row, jobs: list[Row]) -> None:
         overwritten = any(
             later["overwrite_agreement_ref"] and later["delivery_authorized_at"] is not None
             and later["created_at"] > job["created_at"] for later in jobs)
         if overwritten:
             return
+        name = final_name(job["delivery_key"])
+        directory = job["remote_dir"] or self.default_dir
+        present = self.partner.file(directory, name)
         expected_name, size, sha = job["expected_file_name"], job["expected_file_bytes"], job["expected_file_sha256"]
         wrong = []
         if expected_name is None or size is None or sha is None:
             wrong.append("no expected file was recorded at cutoff 2")
-        elif expected_name != final_name(job["delivery_key"]):
+        elif expected_name != name:
             wrong.append(f"expected name {expected_name!r} is not the key's final name")
         if present is None:
-            wrong.append(f"{self.partner.relative(final_name(job['delivery_key']))} is missing")
+            wrong.append(f"{self.partner.relative(directory, name)} is missing")
         elif sha is not None and size is not None:
             if present.size != size:
                 wrong.append(f"size {present.size} != expected {size}")
@@ -482,11 +505,19 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
           work_dirs: Sequence[Path], ledger: Ledger) -> list[Violation]:
     """Every broken promise, once the system has settled and the scavenger has run. ``conn`` is an
     owner connection in autocommit mode with dict rows (``app.store.devtools.connect_owner``);
-    ``partner_renames`` counts the partner's successful renames onto each final path, relative to
-    ``partner_root`` (``"<remote_dir>/<final name>"``). The partner's files are judged by their final
-    name, a function of the delivery key alone, so keys are taken to be unique across tenants."""
-    renames = {path.lstrip("/"): count for path, count in partner_renames.items()}
-    judge = _Judge(store.read_history(conn), _Partner(partner_root, remote_dir), renames, work_dirs, ledger)
+    ``partner_renames`` counts the partner's successful renames onto each final path (``"inbox/<name>"``,
+    ``"/inbox/<name>"`` or the bare name: they are summed by final name, over every directory). A job's
+    file is looked for in its destination's directory under ``partner_root`` (``remote_dir`` when the
+    destination is unknown); a key's files in every destination's directory and ``remote_dir``. Files
+    are judged by their final name, a function of the delivery key alone, so keys are taken to be
+    unique across tenants."""
+    renames: dict[str, int] = {}
+    for path, count in partner_renames.items():
+        name = path.rsplit("/", 1)[-1]
+        renames[name] = renames.get(name, 0) + count
+    snapshot = store.read_history(conn)
+    partner = _Partner(partner_root, [remote_dir, *snapshot.remote_dirs])
+    judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger)
     judge.final_files()
     judge.cancels_before_cutoff_2()
     judge.settled()

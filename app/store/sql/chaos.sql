@@ -7,13 +7,20 @@
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: chaos_jobs
-SELECT id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
-       lease_expires_at, stop_request_id, cancellation_request_id, expected_file_name,
-       expected_file_bytes, expected_file_sha256, delivery_authorized_at, woken_at, failure_reason,
-       delivery_key, replaces_job_id, created_by, replacement_reason, overwrite_agreement_ref,
-       sweep_count, created_at, deferrals, deferred_since, last_deferral
-FROM export_jobs
-ORDER BY created_at, id;
+-- With the directory of the job's destination, where its final file is put.
+SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j.attempt_count, j.claimed_by,
+       j.lease_expires_at, j.stop_request_id, j.cancellation_request_id, j.expected_file_name,
+       j.expected_file_bytes, j.expected_file_sha256, j.delivery_authorized_at, j.woken_at, j.failure_reason,
+       j.delivery_key, j.replaces_job_id, j.created_by, j.replacement_reason, j.overwrite_agreement_ref,
+       j.sweep_count, j.created_at, j.deferrals, j.deferred_since, j.last_deferral,
+       d.remote_dir
+FROM export_jobs j
+LEFT JOIN destinations d ON d.id = j.destination_id
+ORDER BY j.created_at, j.id;
+
+-- name: chaos_remote_dirs
+-- Every destination's directory at the partner: a key's final file may be in any of them.
+SELECT DISTINCT remote_dir FROM destinations ORDER BY remote_dir;
 
 -- name: chaos_events
 -- Every job's events in the order they were inserted: a job's transitions serialize on its row lock,
@@ -37,13 +44,15 @@ FROM cancellation_requests
 ORDER BY job_id, recorded_at, id;
 
 -- name: chaos_job_row
-SELECT id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
-       lease_expires_at, stop_request_id, cancellation_request_id, expected_file_name,
-       expected_file_bytes, expected_file_sha256, delivery_authorized_at, woken_at, failure_reason,
-       delivery_key, replaces_job_id, created_by, replacement_reason, overwrite_agreement_ref,
-       sweep_count, created_at, deferrals, deferred_since, last_deferral
-FROM export_jobs
-WHERE id = %(job_id)s;
+SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j.attempt_count, j.claimed_by,
+       j.lease_expires_at, j.stop_request_id, j.cancellation_request_id, j.expected_file_name,
+       j.expected_file_bytes, j.expected_file_sha256, j.delivery_authorized_at, j.woken_at, j.failure_reason,
+       j.delivery_key, j.replaces_job_id, j.created_by, j.replacement_reason, j.overwrite_agreement_ref,
+       j.sweep_count, j.created_at, j.deferrals, j.deferred_since, j.last_deferral,
+       d.remote_dir
+FROM export_jobs j
+LEFT JOIN destinations d ON d.id = j.destination_id
+WHERE j.id = %(job_id)s;
 
 -- name: chaos_job_events
 SELECT id, job_id, attempt_id, kind, version, worker_id, observed_by, detail, recorded_at

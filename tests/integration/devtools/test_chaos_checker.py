@@ -55,13 +55,14 @@ class World:
 
     # --- the partner ---------------------------------------------------------------------------------
 
-    def path(self, job: Job) -> Path:
-        return self.root / "inbox" / export.final_name(job.delivery_key)
+    def path(self, job: Job, directory: str = "inbox") -> Path:
+        return self.root / directory / export.final_name(job.delivery_key)
 
-    def rename_onto(self, job: Job, content: bytes) -> None:
-        """What the partner sees of a rename onto the final name: the file, and one more rename counted."""
-        self.path(job).write_bytes(content)
-        relative = f"inbox/{export.final_name(job.delivery_key)}"
+    def rename_onto(self, job: Job, content: bytes, directory: str = "inbox") -> None:
+        """What the partner sees of a rename onto the final name: the file, and one more rename counted
+        under its path from the partner's root, as its journal names it."""
+        self.path(job, directory).write_bytes(content)
+        relative = f"/{directory}/{export.final_name(job.delivery_key)}"
         self.renames[relative] = self.renames.get(relative, 0) + 1
 
     # --- jobs through the real statements ------------------------------------------------------------
@@ -82,9 +83,10 @@ class World:
         assert export.try_finish_delivery(self.conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
                                           outcome=outcome, failure_reason=failure_reason) == 1
 
-    def completed(self, job: Job | None = None, content: bytes = b"id,email\n1,a@example.com\n") -> Job:
+    def completed(self, job: Job | None = None, content: bytes = b"id,email\n1,a@example.com\n",
+                  directory: str = "inbox") -> Job:
         job, content = self.delivering(job, content)
-        self.rename_onto(job, content)
+        self.rename_onto(job, content, directory)
         self.finish(job, Status.COMPLETED)
         return job
 
@@ -123,6 +125,7 @@ def _deferred(world: World, job: Job, delay_seconds: float) -> None:
 @pytest.fixture
 def world(seed, admin, connect_as, tmp_path) -> World:
     (tmp_path / "partner" / "inbox").mkdir(parents=True)
+    (tmp_path / "partner" / "archive").mkdir()
     (tmp_path / "work").mkdir()
     w = World(seed, States(seed), admin, connect_as(Role.DISPATCHER), connect_as(Role.RECONCILER),
               tmp_path / "partner", tmp_path / "work")
@@ -245,6 +248,33 @@ def test_an_overwrite_agreement_allows_a_replacement_to_finalize_the_name_again(
     world.publish()
 
     assert world.fired() == set()
+
+
+def _archive(world: World) -> uuid.UUID:
+    """A second destination of the tenant, delivering to /archive on the same partner."""
+    destination_id = world.seed.destination(world.jobs["completed"].tenant_id)
+    world.admin.execute("UPDATE destinations SET remote_dir = '/archive' WHERE id = %s", (destination_id,))
+    return destination_id
+
+
+def test_a_key_finalized_in_two_destinations_directories_is_two_final_files(world):
+    _archive(world)
+    job = world.jobs["completed"]
+    world.path(job, "archive").write_bytes(b"id,email\n1,a@example.com\n")
+
+    assert world.fired() == {("two-final-files", job.id)}
+
+
+def test_a_job_of_another_destination_is_judged_by_the_file_in_that_destinations_directory(world):
+    destination_id = _archive(world)
+    job = world.completed(world.seed.queued(world.jobs["completed"].tenant_id, destination_id),
+                          b"id,email\n10,j@example.com\n", directory="archive")
+    world.publish()
+
+    assert world.fired() == set()
+    world.path(job, "archive").write_bytes(b"id,email\n10,someone-else@example.com\n")
+    assert world.fired() == {("completed-file-mismatch", job.id)}
+    assert world.check()[0].history["partner_file"]["path"] == f"archive/{export.final_name(job.delivery_key)}"
 
 
 # --- 2. files after a cancel ------------------------------------------------------------------------
