@@ -297,7 +297,7 @@ class ChaosSystem:
                 for login in (logins.APP_LOGIN, logins.RECONCILER_LOGIN):
                     store.grant_connect(owner, self.database, login)
             for url in (app, reconciler):
-                psycopg.connect(url, connect_timeout=5).close()
+                store.connect_owner(url).close()
             return app, reconciler
         except psycopg.Error:
             return self.owner_url, self.owner_url
