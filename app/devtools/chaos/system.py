@@ -190,15 +190,16 @@ class _Redis:
 
 
 class ChaosSystem:
-    """The system one soak runs against. ``database_url``: the owner URL of a configured PostgreSQL
-    server (a fresh database is made on it), None for the embedded one; ``broker_url``: a ``redis://``
-    URL, None for a Redis of the soak's own."""
+    """The system one soak runs against, its files under ``state_dir`` (or a ``Settings``' state
+    directory). ``database_url``: the URL of a configured PostgreSQL server whose login may create
+    databases (a fresh one is made on it), None for the embedded server; ``broker_url``: a ``redis://``
+    URL (the soak flushes its database number), None for a Redis of the soak's own."""
 
-    def __init__(self, state_dir: Path, *, database_url: str | None = None, broker_url: str | None = None,
+    def __init__(self, state_dir: Path | Settings, *, database_url: str | None = None, broker_url: str | None = None,
                  contacts: int = CONTACTS, second_destination: bool = True,
                  settings: Mapping[str, str] = CHAOS_SETTINGS, drop_database: bool = False,
                  say: Callable[[str], None] = lambda _text: None) -> None:
-        self.state_dir = Path(state_dir).resolve()
+        self.state_dir = (state_dir.state_dir if isinstance(state_dir, Settings) else Path(state_dir)).resolve()
         self.configured_database = database_url
         self.configured_broker = broker_url
         self.contacts = contacts
@@ -241,6 +242,11 @@ class ChaosSystem:
         self._redis_lock = threading.Lock()
         self._database_lock = threading.Lock()
         self._owner: psycopg.Connection[dict[str, Any]] | None = None
+
+    @property
+    def work_dirs(self) -> list[Path]:
+        """Where the workers build files (one directory, shared by the workers and the scheduler's scavenger)."""
+        return [self.work_dir]
 
     # -- starting -----------------------------------------------------------------------------------
 
