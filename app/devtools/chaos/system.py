@@ -242,6 +242,9 @@ class ChaosSystem:
         self._redis_lock = threading.Lock()
         self._database_lock = threading.Lock()
         self._owner: psycopg.Connection[dict[str, Any]] | None = None
+        self._stopped = False
+        #: What went wrong while stopping (a process that had to be killed, a part that would not close).
+        self.stop_problems: list[str] = []
 
     @property
     def work_dirs(self) -> list[Path]:
@@ -553,8 +556,12 @@ class ChaosSystem:
     # -- stopping -----------------------------------------------------------------------------------
 
     def stop(self) -> list[str]:
-        """Stops everything, whatever state a fault left it in; returns what went wrong while stopping."""
-        problems: list[str] = []
+        """Stops everything, whatever state a fault left it in; returns what went wrong while stopping
+        (also kept in ``stop_problems``). A second call does nothing."""
+        if self._stopped:
+            return []
+        self._stopped = True
+        problems = self.stop_problems
 
         def attempt(what: str, action: Callable[[], object]) -> None:
             try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -31,13 +33,19 @@ FINAL = {Status.COMPLETED, Status.FAILED, Status.OUTCOME_UNKNOWN, Status.STOPPED
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosSystem]:
+def system() -> Iterator[ChaosSystem]:
     broker = os.environ.get("EXPORTS_TEST_BROKER_URL")
-    chaos = ChaosSystem(tmp_path_factory.mktemp("chaos"), database_url=os.environ.get("EXPORTS_TEST_DATABASE_URL"),
+    # Not under pytest's basetemp: another pytest session resets its permissions, and the embedded
+    # server (run as its own user when we are root) could no longer reach its data to restart.
+    state_dir = Path(tempfile.mkdtemp(prefix="exports-chaos-"))
+    chaos = ChaosSystem(state_dir, database_url=os.environ.get("EXPORTS_TEST_DATABASE_URL"),
                         broker_url=url_with_db(broker, CHAOS_REDIS_DB) if broker else None, drop_database=True)
-    with chaos:
-        yield chaos
-    assert chaos.stop() == []
+    try:
+        with chaos:
+            yield chaos
+        assert chaos.stop_problems == []
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def _create(system: ChaosSystem) -> uuid.UUID:
