@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from app import __version__, logs
-from app.cli import jobs, operations, processes, setup, views
+from app.cli import chaos, jobs, operations, processes, setup, views
 from app.cli.common import EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_FAILURE, CliError, Context, Parser, printable
 from app.cli.output import error
 from app.config import ConfigError, Settings
@@ -28,7 +28,7 @@ from app.config import ConfigError, Settings
 log = logging.getLogger("exports.cli")
 
 #: The command modules, in the order ``exports --help`` lists their commands.
-COMMAND_MODULES = (setup, jobs, views, operations, processes)
+COMMAND_MODULES = (setup, jobs, views, operations, processes, chaos)
 
 
 def build_parser() -> Parser:

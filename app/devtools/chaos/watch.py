@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -34,15 +36,15 @@ SWEEP_NEEDS = frozenset({"scheduler", "database"})
 
 @dataclass
 class LivenessWatch:
-    connect: Callable[[], psycopg.Connection]
+    connect: Callable[[], psycopg.Connection[dict[str, Any]]]
     injections: Callable[[], Iterable[Injection]]
     recovery_interval: float
     sweep_after: float
     sweep_interval: float
     grace: float
-    history: Callable[[psycopg.Connection, object], dict]
+    history: Callable[[psycopg.Connection[dict[str, Any]], UUID], dict[str, Any]]
     violations: list[Violation] = field(default_factory=list)
-    _reported: set[tuple[str, object]] = field(default_factory=set)
+    _reported: set[tuple[str, UUID]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _blocked_until(self, needs: frozenset[str]) -> float:
@@ -67,7 +69,7 @@ class LivenessWatch:
                     self._violate(conn, "queued-without-wake-up", row,
                                   f"Queued with its newest wake-up {now - _epoch(row['last_wake_up']):.1f}s old")
 
-    def _violate(self, conn: psycopg.Connection, rule: str, row: dict, detail: str) -> None:
+    def _violate(self, conn: psycopg.Connection[dict[str, Any]], rule: str, row: dict[str, Any], detail: str) -> None:
         key = (rule, row["id"])
         with self._lock:
             if key in self._reported:

@@ -10,6 +10,7 @@ is counted as unanswered and left out of the ledger, as an operator would retry 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -18,13 +19,14 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import peewee
 import psycopg
 
 from app.devtools.chaos.record import CancelAnswer, Ledger, Reconciliation
@@ -49,17 +51,21 @@ OPERATOR_ROUND_LIMIT = 20
 REPLACE_SHARE = 0.5
 OPERATOR = "chaos-operator"
 LOCK_TIMEOUT = "2s"
+#: What an operator's call raises when the database went away under it (restarted, or its session
+#: terminated): psycopg's, and peewee's wrapping of it for the views.
+DATABASE_AWAY = (psycopg.OperationalError, peewee.OperationalError, peewee.InterfaceError)
 
 
 @dataclass(frozen=True)
 class Target:
     """Where the workload sends exports: the tenant, its destinations (the first is the usual one, the
-    second is where an edit moves an export), and the partner's directory as an operator sees it."""
+    second is where an edit moves an export), and the partner's directory of each destination as an
+    operator sees it."""
 
     app_url: str
     tenant_id: UUID
     destination_ids: tuple[UUID, ...]
-    partner_dir: Path
+    partner_dirs: Mapping[UUID, Path]
     operator: str = OPERATOR
 
 
@@ -71,6 +77,7 @@ class Workload:
     ledger: Ledger
     stop: threading.Event
     unanswered: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
     _local: threading.local = field(default_factory=threading.local)
     _pending: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _pending_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -103,16 +110,25 @@ class Workload:
 
     def _create_loop(self) -> None:
         while not self.stop.wait(self._draw(lambda r: r.expovariate(self.rate))):
-            job_id = self.create()
+            job_id = self._created()
             if job_id is None:
                 continue
             roll = self._draw(lambda r: r.random())
             delay = self._draw(lambda r: r.uniform(0, FOLLOW_UP_WITHIN))
             if roll < CANCEL_SHARE:
                 double = self._draw(lambda r: r.random()) < DOUBLE_CLICK_SHARE
-                self._later(delay, lambda job_id=job_id, double=double: self.cancel(job_id, double=double))
+                self._later(delay, functools.partial(self.cancel, job_id, double=double))
             elif roll < CANCEL_SHARE + EDIT_SHARE:
-                self._later(delay, lambda job_id=job_id: self.edit(job_id))
+                self._later(delay, functools.partial(self.edit, job_id))
+
+    def _created(self) -> UUID | None:
+        created: list[UUID | None] = [None]
+
+        def create() -> None:
+            created[0] = self.create()
+
+        self._guarded(create)
+        return created[0]
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         with self._pending_lock:
@@ -135,11 +151,15 @@ class Workload:
 
     def _guarded(self, action: Callable[[], None]) -> None:
         """Runs one operator action; a database that is away answers nothing (counted), anything
-        else is a bug of the soak and is raised in its thread's log."""
+        else is a bug of the soak, counted in ``errors``."""
+        name = getattr(getattr(action, "func", action), "__name__", "action")
         try:
             action()
-        except psycopg.OperationalError:
-            self.unanswered[getattr(action, "__name__", "action")] += 1
+        except DATABASE_AWAY:
+            self.unanswered[name] += 1
+            self._drop_connection()
+        except Exception as exc:   # the soak's own bug: kept for the report, which then fails the run
+            self.errors[f"{name}: {type(exc).__name__}: {exc}"[:300]] += 1
             self._drop_connection()
 
     # -- connections --------------------------------------------------------------------------------
@@ -174,7 +194,7 @@ class Workload:
             result = export.create(self._conn(), job_id=job_id, tenant_id=self.target.tenant_id,
                                    destination_id=self.target.destination_ids[0], delivery_key=uuid.uuid4().hex,
                                    created_by=self.target.operator)
-        except psycopg.OperationalError:
+        except DATABASE_AWAY:
             # The creation may have committed without its answer: the checker sees such a job like any
             # other, so it still counts; we just cannot follow it up.
             self.unanswered["create"] += 1
@@ -225,7 +245,8 @@ class Workload:
             job = views.job(self.target.tenant_id, summary.id)
             if job is None or job.status != Status.OUTCOME_UNKNOWN.value or job.attempt_id is None:
                 continue
-            evidence = self._partner_shows(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
+            evidence = self._partner_shows(self.target.partner_dirs.get(job.destination_id), job.expected_file_name,
+                                           job.expected_file_bytes, job.expected_file_sha256)
             if evidence is not None:
                 if export.reconcile(self._conn(), tenant_id=self.target.tenant_id, job_id=job.id,
                                     attempt_id=job.attempt_id, resolution=Status.COMPLETED, evidence=evidence,
@@ -238,12 +259,13 @@ class Workload:
             if summary.failure_reason == "NotDelivered" and self._draw(lambda r: r.random()) < REPLACE_SHARE:
                 self._replace(summary.id, "chaos: not delivered, send it again")
 
-    def _partner_shows(self, name: str | None, size: int | None, sha256: bytes | None) -> str | None:
+    def _partner_shows(self, directory: Path | None, name: str | None, size: int | None,
+                       sha256: bytes | None) -> str | None:
         """The evidence an operator would cite: the partner's file under the expected name with the
         expected size and hash, or None."""
-        if not name or size is None or sha256 is None:
+        if directory is None or not name or size is None or sha256 is None:
             return None
-        path = self.target.partner_dir / name
+        path = directory / name
         try:
             data = path.read_bytes()
         except OSError:

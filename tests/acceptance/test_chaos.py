@@ -1,0 +1,42 @@
+"""The short soak CI runs: ``exports chaos`` for a few minutes with a fixed seed and every fault kind,
+on the embedded services (or the configured test services), must end with no violation, having
+injected each kind a few times. docs/reliability.md describes the long one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from app.devtools.chaos.faults import KINDS
+from app.devtools.processes import EXPORTS, clean_environ
+
+MINUTES = 2.5
+SEED = 7
+#: Each kind every ~15 s on average, so a few of each even for the kinds that wait for their moment.
+FAULTS_PER_MINUTE = 4 * len(KINDS)
+#: Fewest injections of every kind the run must have made.
+AT_LEAST = 3
+
+
+def test_a_short_soak_with_every_fault_kind_keeps_every_promise(tmp_path: Path):
+    report_path = tmp_path / "report.json"
+    args = [*EXPORTS, "chaos", "--minutes", str(MINUTES), "--rate", "1", "--seed", str(SEED),
+            "--faults-per-minute", str(FAULTS_PER_MINUTE), "--settle-minutes", "4", "--report", str(report_path)]
+    if os.environ.get("EXPORTS_TEST_DATABASE_URL"):
+        args += ["--database-url", os.environ["EXPORTS_TEST_DATABASE_URL"]]
+    if os.environ.get("EXPORTS_TEST_BROKER_URL"):
+        args += ["--broker-url", os.environ["EXPORTS_TEST_BROKER_URL"]]
+    done = subprocess.run(args, env=clean_environ(EXPORTS_STATE_DIR=str(tmp_path / "var")), capture_output=True,
+                          text=True, timeout=20 * 60, stdin=subprocess.DEVNULL)
+
+    assert report_path.exists(), f"no report; exit {done.returncode}\n{done.stdout}\n{done.stderr[-6000:]}"
+    report = json.loads(report_path.read_text())
+    violations = json.dumps(report["violations"], indent=1)[:20000]
+    assert (done.returncode, report["ok"]) == (0, True), f"{done.stdout}\n{violations}\n{done.stderr[-4000:]}"
+    injected = report["faults"]["by_kind"]
+    assert {kind: n for kind in KINDS if (n := injected.get(kind, 0)) < AT_LEAST} == {}, report["faults"]
+    assert report["faults"]["injector_errors_by_kind"] == {}
+    assert report["exports"]["total"] >= 60
+    assert sum(report["exports"]["by_final_state"].get(s, 0) for s in ("Queued", "Running", "Delivering")) == 0
