@@ -14,11 +14,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from app.devtools.chaos.faults import KINDS
 from app.devtools.chaos.system import ChaosSystem, url_with_db
 from app.devtools.waiting import wait_until
+from app.store import devtools as store
 from app.store import export
 from app.store.database import connect
 from app.store.types import Role, Status
@@ -29,6 +31,8 @@ CHAOS_REDIS_DB = 11
 DELIVERY_TIMEOUT = 60.0
 #: Seconds between two exports of the stream that gives a fault its point.
 STREAM_INTERVAL = 0.4
+#: psycopg's prepare_threshold: runs of one statement on a connection before it is prepared.
+PREPARED_AFTER = 5
 FINAL = {Status.COMPLETED, Status.FAILED, Status.OUTCOME_UNKNOWN, Status.STOPPED, Status.CANCELED, Status.REJECTED}
 
 
@@ -139,3 +143,20 @@ def _parent(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_a_statement_psycopg_has_prepared_is_still_recognised_by_the_proxy(system):
+    assert system.proxy is not None
+    with store.connect_owner(system.proxy.url_for(system.owner_url)) as conn:
+        for _ in range(PREPARED_AFTER + 1):   # from the fifth run on, only the prepared name is sent
+            store.attempt_owner(conn, uuid.uuid4())
+        hold = system.proxy.hold_statement("devtools_attempt_owner")
+        held = threading.Thread(target=store.attempt_owner, args=(conn, uuid.uuid4()))
+        held.start()
+        assert hold.reached.wait(10)
+        hold.release()
+        held.join(10)
+        cut = system.proxy.cut_before("devtools_attempt_owner")
+        with pytest.raises(psycopg.OperationalError):
+            store.attempt_owner(conn, uuid.uuid4())
+        assert cut.fired.is_set()
