@@ -87,6 +87,9 @@ class Hold:
     after_reply: bool
     reached: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
+    #: The held client's port on 127.0.0.1, set as the hold is reached: it names the process holding the
+    #: connection (``app.devtools.processes.pid_of_client_port``).
+    client_port: int | None = None
 
     def release(self) -> None:
         self.released.set()
@@ -289,6 +292,10 @@ class PgProxy(TcpProxy):
 
     def _hold(self, hold: Hold, link: Link) -> bool:
         """Waits on the link's pump until the hold is released; False when the link or proxy closed."""
+        try:
+            hold.client_port = link.client.getpeername()[1]
+        except OSError:
+            hold.client_port = None   # the client has gone already
         hold.reached.set()
         while not hold.released.wait(HOLD_POLL):
             if link.closed.is_set() or self._closing:

@@ -39,6 +39,37 @@ def alive(pid: int | None) -> bool:
     return True
 
 
+def pid_of_client_port(port: int) -> int | None:
+    """The process holding the local TCP socket bound to ``port`` on the loopback (a client of one of our
+    proxies), found the way ``ss -p`` does: the socket's inode in /proc/net/tcp, then the process whose
+    file descriptors include it. None when it has closed meanwhile."""
+    inode = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
+                inode = fields[9]
+                break
+        if inode:
+            break
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:
+            continue   # gone, or not ours to look at
+    return None
+
+
 def kill(pid: int) -> None:
     """SIGKILL to ``pid``, and to its whole group when it leads one (dramatiq's worker processes are
     its children)."""

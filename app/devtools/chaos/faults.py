@@ -30,6 +30,7 @@ from uuid import UUID
 from app.devtools.chaos.record import Injection
 from app.devtools.chaos.system import WORKER_APPLICATION_NAMES, ChaosSystem
 from app.devtools.pgproxy import Cut, Hold
+from app.devtools.processes import pid_of_client_port
 from app.devtools.sftp_subsystem import Trap
 from app.relay import EXPORT_QUEUE
 from app.store import devtools as store
@@ -263,10 +264,16 @@ class KillMidBuild:
         hold.reached.wait(5)
         started = time.time()
         try:
-            # The held build's partial file is open and empty: its query has not run.
-            attempts = [a for path in system.work_dir.glob("*.csv.part")
-                        if _empty(path) and (a := attempt_in(path.name)) is not None]
-            names, how = kill_owners(system, attempts)
+            pid = pid_of_client_port(hold.client_port) if hold.client_port else None
+            worker = system.worker_of_pid(pid) if pid else None
+            if worker is not None:
+                system.kill(worker.name)
+                names, how = [worker.name], f"the worker whose connection (pid {pid}) was held"
+            else:
+                # The held build's partial file is open and empty: its query has not run.
+                attempts = [a for path in system.work_dir.glob("*.csv.part")
+                            if _empty(path) and (a := attempt_in(path.name)) is not None]
+                names, how = kill_owners(system, attempts)
         finally:
             hold.release()
         return Injection(self.kind, ",".join(names), started, time.time(), frozenset({"worker"}), how)

@@ -160,7 +160,11 @@ class Soak:
 
     def _fault_loop(self, system: ChaosSystem, fault: Fault, rng: random.Random, mean_interval: float,
                     stop: threading.Event) -> None:
-        while not stop.wait(rng.expovariate(1.0 / mean_interval)):
+        """Injects ``fault`` at the times of a Poisson process of mean ``mean_interval``; an injection that
+        took longer than the gap to the next time (a fault that waited for its moment, or lasted past
+        a lease) is followed at once by the next, so every kind keeps its rate over the run."""
+        due = time.monotonic()
+        while not stop.wait(max(0.0, (due := due + rng.expovariate(1.0 / mean_interval)) - time.monotonic())):
             try:
                 injection = fault.inject(system, rng, stop)
             except Exception as exc:   # an injector's own failure is reported, not a system violation
@@ -238,6 +242,8 @@ class Soak:
             "settings": dict(CHAOS_SETTINGS),
             "exports": {"total": sum(by_state.values()), "by_final_state": by_state},
             "faults": {"total": len(injected), "by_kind": dict(Counter(i.kind for i in injected)),
+                       "seconds_by_kind": {kind: round(sum(i.ended - i.started for i in injected if i.kind == kind), 1)
+                                           for kind in options.kinds},
                        "missed_by_kind": dict(self.missed), "injector_errors_by_kind": dict(self.fault_errors)},
             "operator": {"created": len(self.ledger.created), "cancels": len(self.ledger.cancels),
                          "double_clicks": len(self.ledger.double_clicks), "edits": self.ledger.edits,

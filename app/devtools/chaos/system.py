@@ -461,6 +461,10 @@ class ChaosSystem:
             pid = int(claimed_by.split(":")[-2])
         except (IndexError, ValueError):
             return None
+        return self.worker_of_pid(pid)
+
+    def worker_of_pid(self, pid: int) -> Running | None:
+        """The worker process that is ``pid`` or its parent or the leader of its group."""
         group = _group_of(pid)
         parent = _parent_of(pid)
         for running in self.workers():
