@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
 import sys
 import threading
 import time
@@ -255,6 +256,10 @@ class Soak:
         }
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def command_line(options: SoakOptions) -> str:
     kinds = "" if set(options.kinds) == set(KINDS) else f" --faults {','.join(options.kinds)}"
     return (f"exports chaos --minutes {options.minutes:g} --rate {options.rate:g} --seed {options.seed} "
@@ -267,7 +272,9 @@ def say(text: str) -> None:
 
 
 def run(settings: Settings, options: SoakOptions) -> tuple[dict[str, Any], Path]:
-    """Runs one soak; returns its report and where it was written."""
+    """Runs one soak; returns its report and where it was written. SIGTERM ends it like Ctrl-C: the
+    system it started is stopped, not left running."""
+    signal.signal(signal.SIGTERM, _interrupt)
     report = Soak(options, settings).run()
     path = options.report_path or (settings.state_dir / "chaos" /
                                    f"report-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}.json")

@@ -169,8 +169,14 @@ class _Redis:
 
         if self.process is None or self.process.poll() is not None:
             return
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         try:
-            with redis.Redis(unix_socket_path=str(self.socket), socket_timeout=5) as client:
+            # No retries: SHUTDOWN closes the connection as it succeeds, which redis-py would otherwise
+            # take for a failure and retry with backoff for seconds, with the broker down all along.
+            with redis.Redis(unix_socket_path=str(self.socket), socket_timeout=5,
+                             retry=Retry(NoBackoff(), 0)) as client:
                 client.shutdown(save=save, nosave=not save)
         except (redis.RedisError, OSError):
             pass   # SHUTDOWN closes the connection as it succeeds
