@@ -45,23 +45,25 @@ The rules, as ``docs/protocol.md`` states the promises:
 
 from __future__ import annotations
 
-import hashlib
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
+from app.devtools.chaos.history import as_history, job_history
+from app.devtools.chaos.partner import FINAL_FILE, Partner
 from app.devtools.chaos.record import Ledger, Violation
+from app.devtools.chaos.replay import TRANSITIONS, replay_problems, status_word
 from app.maintenance.scavenger import EXPORT_FILE
 from app.store import chaos as store
 from app.store.export import final_name
-from app.store.types import CancellationOutcome, EventKind, FailureCode, Status
+from app.store.types import CancellationOutcome, EventKind, Status
+
+# Re-exported: the soak (run.py) and the checker's tests import them from here.
+__all__ = ["RULES", "TRANSITIONS", "check", "job_history", "replay_problems"]
 
 Row = dict[str, Any]
 
@@ -69,142 +71,11 @@ RULES = ("two-final-files", "file-after-cancel", "unaccounted-final-file", "comp
          "unsettled-at-end", "event-mismatch", "resolved-without-evidence", "double-click-differs",
          "orphan-local-file", "outbox-not-drained")
 
-#: Each transition event: the states it may leave, and the state it enters (None: named by its detail,
-#: ``Finished``, ``ResolvedByRecovery``, ``Reconciled`` and ``Corrected``).
-TRANSITIONS: Mapping[EventKind, tuple[frozenset[Status], Status | None]] = {
-    EventKind.CLAIMED: (frozenset({Status.QUEUED}), Status.RUNNING),
-    EventKind.DELIVERY_AUTHORIZED: (frozenset({Status.RUNNING}), Status.DELIVERING),
-    EventKind.STOPPED: (frozenset({Status.RUNNING}), Status.STOPPED),
-    EventKind.FAILED: (frozenset({Status.RUNNING}), Status.FAILED),
-    EventKind.DEFERRED_PARTNER_UNAVAILABLE: (frozenset({Status.RUNNING}), Status.QUEUED),
-    EventKind.FINISHED: (frozenset({Status.DELIVERING}), None),
-    EventKind.REQUEUED_BY_RECOVERY: (frozenset({Status.RUNNING}), Status.QUEUED),
-    EventKind.STOPPED_BY_RECOVERY: (frozenset({Status.RUNNING}), Status.STOPPED),
-    EventKind.ATTEMPTS_EXHAUSTED: (frozenset({Status.RUNNING}), Status.FAILED),
-    EventKind.RESOLVED_BY_RECOVERY: (frozenset({Status.DELIVERING}), None),
-    EventKind.RECONCILED: (frozenset({Status.OUTCOME_UNKNOWN}), None),
-    EventKind.CORRECTED: (frozenset({Status.COMPLETED, Status.FAILED}), None),
-}
-
-#: The states each detail-named transition may enter, as its statement allows.
-_DETAIL_TARGETS: Mapping[EventKind, frozenset[Status]] = {
-    EventKind.FINISHED: frozenset({Status.COMPLETED, Status.FAILED, Status.OUTCOME_UNKNOWN}),
-    EventKind.RESOLVED_BY_RECOVERY: frozenset({Status.COMPLETED, Status.OUTCOME_UNKNOWN}),
-    EventKind.RECONCILED: frozenset({Status.COMPLETED, Status.FAILED}),
-    EventKind.CORRECTED: frozenset({Status.COMPLETED, Status.FAILED}),
-}
-
 _LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.DELIVERING})
 _ENDED_BY_OPERATOR = frozenset({Status.CANCELED, Status.STOPPED, Status.REJECTED})
 _ACCOUNTS_FOR_FILE = frozenset({Status.COMPLETED, Status.OUTCOME_UNKNOWN})
 _BEFORE_CUTOFF_2 = frozenset({CancellationOutcome.CANCELED_WHILE_QUEUED.value,
                               CancellationOutcome.STOP_REQUESTED.value})
-_FINAL_FILE = re.compile(r"^contacts-(?P<key>.+)\.csv$")
-_STATUS_WORD = re.compile(r"^(?P<status>[A-Za-z]+)")
-_CORRECTION = re.compile(r"^(?P<recorded>[A-Za-z]+) to (?P<corrected>[A-Za-z]+):")
-
-
-# --- the partner's directory ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PartnerFile:
-    relative: str          # to the partner's root: "inbox/<final name>"
-    size: int
-    sha256: str
-
-    def as_json(self) -> dict[str, Any]:
-        return {"path": self.relative, "size": self.size, "sha256": self.sha256}
-
-
-class _Partner:
-    """The partner's final files in each destination's directory, hashed once each."""
-
-    def __init__(self, root: Path, directories: Iterable[str | None]):
-        self.root = root
-        self.directories = sorted({d.strip("/") for d in directories if d is not None})
-        self._files: dict[str, PartnerFile | None] = {}
-
-    @staticmethod
-    def relative(directory: str | None, name: str) -> str:
-        directory = (directory or "").strip("/")
-        return f"{directory}/{name}" if directory else name
-
-    def file(self, directory: str | None, name: str) -> PartnerFile | None:
-        relative = self.relative(directory, name)
-        if relative not in self._files:
-            self._files[relative] = _read_file(self.root / relative, relative)
-        return self._files[relative]
-
-    def files(self, name: str) -> list[PartnerFile]:
-        """The files under this final name, in every directory."""
-        return [f for d in self.directories if (f := self.file(d, name)) is not None]
-
-    def final_names(self) -> list[str]:
-        """The relative paths of the final files there now; dot-files (uploads under their temporary
-        names) and acknowledgments are not."""
-        found = []
-        for directory in self.directories:
-            path = self.root / directory
-            if path.is_dir():
-                found += [self.relative(directory, p.name) for p in path.iterdir()
-                          if _FINAL_FILE.match(p.name) and p.is_file()]
-        return sorted(found)
-
-
-def _read_file(path: Path, relative: str) -> PartnerFile | None:
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    return PartnerFile(relative, size, digest.hexdigest())
-
-
-# --- histories ------------------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, Decimal):
-        return float(value)
-    return value
-
-
-def _history(row: Row | None, events: Sequence[Row], outbox: Sequence[Row], cancellations: Sequence[Row],
-             partner: _Partner, default_dir: str) -> dict[str, Any]:
-    own = elsewhere = None
-    if row is not None:
-        name = final_name(row["delivery_key"])
-        own = partner.file(row["remote_dir"] or default_dir, name)
-        elsewhere = [f.as_json() for f in partner.files(name) if f != own]
-    return _jsonable({"row": row, "events": list(events), "outbox": list(outbox),
-                      "cancellations": list(cancellations),
-                      "partner_file": own.as_json() if own else None, "partner_files_elsewhere": elsewhere or []})
-
-
-def job_history(conn: psycopg.Connection[Any], job_id: UUID, partner_root: Path, remote_dir: str) -> dict[str, Any]:
-    """One job's history, ready for JSON: ``row`` (None if no such job; with its destination's
-    ``remote_dir``), ``events`` in order, ``outbox`` rows, ``cancellations`` (its requests),
-    ``partner_file`` (``path``, ``size``, ``sha256`` of its key's final file in its destination's
-    directory, or None) and ``partner_files_elsewhere`` (the same name in ``remote_dir``, if that is
-    another directory)."""
-    row, events, outbox, cancellations = store.job_rows(conn, job_id)
-    partner = _Partner(partner_root, [remote_dir, row["remote_dir"] if row else None])
-    return _history(row, events, outbox, cancellations, partner, remote_dir)
 
 
 # --- the rules ------------------------------------------------------------------------------------
@@ -213,7 +84,7 @@ def job_history(conn: psycopg.Connection[Any], job_id: UUID, partner_root: Path,
 @dataclass
 class _Judge:
     snapshot: store.History
-    partner: _Partner
+    partner: Partner
     default_dir: str
     #: Renames onto each final name, over every directory.
     renames: Mapping[str, int]
@@ -241,7 +112,7 @@ class _Judge:
     def history(self, job_id: UUID | None) -> dict[str, Any]:
         if job_id is None:
             return {}
-        return _history(self.jobs.get(job_id), self.events(job_id), self.snapshot.outbox.get(job_id, []),
+        return as_history(self.jobs.get(job_id), self.events(job_id), self.snapshot.outbox.get(job_id, []),
                         self.snapshot.cancellations.get(job_id, []), self.partner, self.default_dir)
 
     # 1, 2 and 3: the partner's files --------------------------------------------------------------
@@ -272,7 +143,7 @@ class _Judge:
             for job in completed:
                 self.completed_file(job, jobs)
         for relative in self.partner.final_names():
-            match = _FINAL_FILE.match(relative.rsplit("/", 1)[-1])
+            match = FINAL_FILE.match(relative.rsplit("/", 1)[-1])
             if match and match["key"] not in self.by_key:
                 self.flag("unaccounted-final-file", None, f"{relative} exists and no job has key {match['key']!r}")
 
@@ -362,7 +233,7 @@ class _Judge:
             for event in events:
                 kind, detail = event["kind"], event["detail"] or ""
                 resolving = kind == EventKind.RECONCILED or (
-                    kind == EventKind.RESOLVED_BY_RECOVERY and _status_word(detail) is Status.COMPLETED)
+                    kind == EventKind.RESOLVED_BY_RECOVERY and status_word(detail) is Status.COMPLETED)
                 if not resolving:
                     continue
                 # The attempt's baseline, listed before cutoff 2, says nothing of what the upload did: only
@@ -403,101 +274,6 @@ class _Judge:
                 self.flag("orphan-local-file", job_id, f"{path} left after the scavenger ran")
 
 
-def _status_word(detail: str) -> Status | None:
-    match = _STATUS_WORD.match(detail)
-    try:
-        return Status(match["status"]) if match else None
-    except ValueError:
-        return None
-
-
-def _entered(kind: EventKind, detail: str) -> Status | None:
-    """The state a detail-named transition entered, or None if its detail does not name one it may."""
-    if kind is EventKind.CORRECTED:
-        match = _CORRECTION.match(detail)
-        entered = _status_word(match["corrected"]) if match else None
-    else:
-        entered = _status_word(detail)
-    return entered if entered in _DETAIL_TARGETS[kind] else None
-
-
-def _failure_code(kind: EventKind, detail: str) -> str | None:
-    """The failure code the event records for a Failed it entered; None when its detail does not say
-    (a correction to Failed names no code in its detail)."""
-    words = detail.replace(":", " ").split()
-    if kind is EventKind.FAILED and words:
-        return words[0]
-    if kind is EventKind.FINISHED and len(words) > 1:
-        return words[1]
-    if kind is EventKind.ATTEMPTS_EXHAUSTED:
-        return FailureCode.ATTEMPTS_EXHAUSTED.value
-    if kind is EventKind.RECONCILED:
-        return FailureCode.NOT_DELIVERED.value
-    return None
-
-
-def replay_problems(job: Row, events: Sequence[Row], cancellations: Iterable[Row]) -> list[str]:
-    """Replays ``events`` (one job's, in order) from Queued and says where they and the row disagree."""
-    problems: list[str] = []
-    cancel = next((c for c in cancellations if c["id"] == job["cancellation_request_id"]), None)
-    canceled_at = cancel["recorded_at"] if cancel is not None and job["status"] == Status.CANCELED else None
-    status, attempt, code = Status.QUEUED, None, None
-    claims = deferrals = 0
-    for event in events:
-        try:
-            kind = EventKind(event["kind"])
-        except ValueError:
-            problems.append(f"event {event['id']}: unknown kind {event['kind']!r}")
-            continue
-        if kind is EventKind.DELIVERY_EVIDENCE:
-            continue
-        where = f"event {event['id']} {kind.value}"
-        if canceled_at is not None and event["recorded_at"] > canceled_at:
-            problems.append(f"{where} after the job was canceled at {canceled_at}")
-        leaves, enters = TRANSITIONS[kind]
-        detail = event["detail"] or ""
-        if status not in leaves:
-            after = "follows the terminal state" if status.is_terminal else "from"
-            problems.append(f"{where} {after} {status.value}")
-        if kind is EventKind.CLAIMED:
-            attempt = event["attempt_id"]
-            claims += 1
-        elif event["attempt_id"] != attempt:
-            problems.append(f"{where} by attempt {event['attempt_id']}, but the job's attempt is {attempt}")
-        target = enters if enters is not None else _entered(kind, detail)
-        if target is None:
-            problems.append(f"{where} names no state it may enter ({detail!r})")
-            continue
-        if target is Status.FAILED:
-            code = _failure_code(kind, detail)
-        status = target
-        if kind is EventKind.DEFERRED_PARTNER_UNAVAILABLE:
-            deferrals += 1
-        if status is Status.QUEUED:
-            attempt = None   # a requeue and a deferral clear the attempt; terminal states keep it
-    recorded = Status(job["status"])
-    if recorded is Status.CANCELED:
-        if cancel is None or cancel["outcome"] != CancellationOutcome.CANCELED_WHILE_QUEUED:
-            problems.append("Canceled without its CanceledWhileQueued request "
-                            f"(cancellation_request_id {job['cancellation_request_id']})")
-    if recorded in (Status.CANCELED, Status.REJECTED):
-        if status is not Status.QUEUED:
-            problems.append(f"row {recorded.value}, but the events leave it {status.value}, not Queued")
-    elif recorded is not status:
-        problems.append(f"row {recorded.value}, but the events leave it {status.value}")
-    if job["attempt_id"] != attempt and recorded is status:
-        problems.append(f"row attempt {job['attempt_id']}, but the events leave attempt {attempt}")
-    if job["attempt_count"] != claims:
-        problems.append(f"attempt_count {job['attempt_count']}, but {claims} Claimed event(s)")
-    if job["deferrals"] != deferrals:
-        problems.append(f"deferrals {job['deferrals']}, but {deferrals} DeferredPartnerUnavailable event(s)")
-    if recorded is Status.FAILED and status is Status.FAILED and code is not None and job["failure_reason"] != code:
-        problems.append(f"failure_reason {job['failure_reason']}, but the events record {code}")
-    if recorded is Status.STOPPED and job["stop_request_id"] is None:
-        problems.append("Stopped with no stop request recorded")
-    return problems
-
-
 # --- the check ------------------------------------------------------------------------------------
 
 
@@ -516,7 +292,7 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
         name = path.rsplit("/", 1)[-1]
         renames[name] = renames.get(name, 0) + count
     snapshot = store.read_history(conn)
-    partner = _Partner(partner_root, [remote_dir, *snapshot.remote_dirs])
+    partner = Partner(partner_root, [remote_dir, *snapshot.remote_dirs])
     judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger)
     judge.final_files()
     judge.cancels_before_cutoff_2()
