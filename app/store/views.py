@@ -146,6 +146,11 @@ class JobSummary:
     created_at: datetime
 
 
+#: What a read raises when the database went away under it (restarted, or its session terminated):
+#: peewee's wrapping of psycopg's OperationalError, for callers that retry rather than fail.
+UNAVAILABLE: tuple[type[Exception], ...] = (peewee.OperationalError, peewee.InterfaceError)
+
+
 class ReadOnlyDatabase(peewee.PostgresqlDatabase):
     """psycopg 3 under a role, every transaction read-only, so the models cannot write through it."""
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from app.config import Settings
 from app.devtools.chaos import checker
-from app.devtools.chaos.faults import KINDS, Fault
+from app.devtools.chaos.faults import KINDS, WAITING_KINDS, Fault
 from app.devtools.chaos.record import Injection, Ledger, Violation
 from app.devtools.chaos.system import CHAOS_SETTINGS, ChaosSystem
 from app.devtools.chaos.watch import LivenessWatch
@@ -123,8 +123,8 @@ class Soak:
         faults_stop, watch_stop = threading.Event(), threading.Event()
         mean_interval = 60.0 * len(options.kinds) / options.faults_per_minute
         fault_threads = [threading.Thread(target=self._fault_loop,
-                                          args=(system, KINDS[kind], random.Random(seeds.random()), mean_interval,
-                                                faults_stop),
+                                          args=(system, KINDS[kind], random.Random(seeds.random()),
+                                                mean_interval / WAITING_KINDS.get(kind, 1.0), faults_stop),
                                           name=f"chaos-fault-{kind}", daemon=True)
                          for kind in options.kinds]
         watcher = threading.Thread(target=self._watch_loop, args=(system, watch, watch_stop), daemon=True,
@@ -161,11 +161,15 @@ class Soak:
 
     def _fault_loop(self, system: ChaosSystem, fault: Fault, rng: random.Random, mean_interval: float,
                     stop: threading.Event) -> None:
-        """Injects ``fault`` at the times of a Poisson process of mean ``mean_interval``; an injection that
+        """Injects ``fault`` at the times of a Poisson process of mean ``mean_interval``. An injection that
         took longer than the gap to the next time (a fault that waited for its moment, or lasted past
-        a lease) is followed at once by the next, so every kind keeps its rate over the run."""
+        a lease) is followed at once by the next, but the backlog is at most one interval: a kind that
+        waits for deliveries must not stay armed for good and fault every one of them."""
         due = time.monotonic()
-        while not stop.wait(max(0.0, (due := due + rng.expovariate(1.0 / mean_interval)) - time.monotonic())):
+        while True:
+            due = max(due + rng.expovariate(1.0 / mean_interval), time.monotonic() - mean_interval)
+            if stop.wait(max(0.0, due - time.monotonic())):
+                return
             try:
                 injection = fault.inject(system, rng, stop)
             except Exception as exc:   # an injector's own failure is reported, not a system violation

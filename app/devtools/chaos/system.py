@@ -68,8 +68,10 @@ CHAOS_SETTINGS: dict[str, str] = {
     "EXPORTS_SCAVENGE_INTERVAL": "10",
     "EXPORTS_STOP_POLL_SECONDS": "0.5",
     "EXPORTS_RELAY_POLL_SECONDS": "1",
-    "EXPORTS_DEFER_BASE_SECONDS": "0.5",
-    "EXPORTS_DEFER_MAX_SECONDS": "5",
+    # The circuit probes again within two seconds of a partner's return: with a partner-down fault every
+    # few seconds, a longer cap would keep the partner unused most of the soak.
+    "EXPORTS_DEFER_BASE_SECONDS": "0.25",
+    "EXPORTS_DEFER_MAX_SECONDS": "2",
     "EXPORTS_RETRY_BACKOFF_SECONDS": "1",
     "EXPORTS_RETRY_INTERVAL": "2",
     "EXPORTS_SESSION_IDLE_SECONDS": "5",
@@ -88,6 +90,8 @@ PROCESSES: dict[str, tuple[tuple[str, ...], int]] = {
     "relay": (("relay",), signal.SIGINT),
     "worker-1": (("worker", "--processes", "1", "--threads", "2"), signal.SIGTERM),
     "worker-2": (("worker", "--processes", "1", "--threads", "2"), signal.SIGTERM),
+    # A third worker: the kills and stops at chosen points take one down every few seconds.
+    "worker-3": (("worker", "--processes", "1", "--threads", "2"), signal.SIGTERM),
     "scheduler": (("scheduler",), signal.SIGTERM),
 }
 #: The application_name of every pool a worker process opens (app/actors): its sessions, for pg-terminate.

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import peewee
 import psycopg
 
 from app.devtools.chaos.record import CancelAnswer, Ledger, Reconciliation
-from app.store import cancellation, export
+from app.store import cancellation, export, views
 from app.store.database import connect
 from app.store.types import CancellationReply, EditResult, ReplacementResult, Role, Status
 from app.store.views import Views
@@ -53,7 +52,7 @@ OPERATOR = "chaos-operator"
 LOCK_TIMEOUT = "2s"
 #: What an operator's call raises when the database went away under it (restarted, or its session
 #: terminated): psycopg's, and peewee's wrapping of it for the views.
-DATABASE_AWAY = (psycopg.OperationalError, peewee.OperationalError, peewee.InterfaceError)
+DATABASE_AWAY: tuple[type[Exception], ...] = (psycopg.OperationalError, *views.UNAVAILABLE)
 
 
 @dataclass(frozen=True)
@@ -173,10 +172,10 @@ class Workload:
         return conn
 
     def _views(self) -> Views:
-        views = getattr(self._local, "views", None)
-        if views is None:
-            views = self._local.views = Views(self.target.app_url)
-        return views
+        held = getattr(self._local, "views", None)
+        if held is None:
+            held = self._local.views = Views(self.target.app_url)
+        return held
 
     def _drop_connection(self) -> None:
         for name in ("conn", "views"):
