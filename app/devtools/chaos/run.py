@@ -7,7 +7,7 @@ every promise.
 2. The ``Workload`` creates exports at ``rate`` per second; its operators cancel (double clicks
    included), edit, replace and reconcile at random moments.
 3. One thread per fault kind injects that fault at seeded random intervals (``faults_per_minute``
-   over all kinds); each injection records what it kept from working, so the ``LivenessWatch`` that
+   over all kinds, more often for the kinds that wait for their moment); each injection records what it kept from working, so the ``LivenessWatch`` that
    samples the database every few seconds does not blame the system for a wait a fault imposed.
 4. After ``minutes``, the faults and the workload stop; the system settles (up to ``settle_minutes``)
    until nothing is Queued, Running or Delivering and the outbox has drained; the scavenger runs.
@@ -161,13 +161,15 @@ class Soak:
 
     def _fault_loop(self, system: ChaosSystem, fault: Fault, rng: random.Random, mean_interval: float,
                     stop: threading.Event) -> None:
-        """Injects ``fault`` at the times of a Poisson process of mean ``mean_interval``. An injection that
+        """Injects ``fault`` at seeded intervals between half and one and a half times ``mean_interval``
+        (not a Poisson process: its counts would scatter too widely for a run that must reach a number
+        of every kind). An injection that
         took longer than the gap to the next time (a fault that waited for its moment, or lasted past
         a lease) is followed at once by the next, but the backlog is at most one interval: a kind that
         waits for deliveries must not stay armed for good and fault every one of them."""
         due = time.monotonic()
         while True:
-            due = max(due + rng.expovariate(1.0 / mean_interval), time.monotonic() - mean_interval)
+            due = max(due + rng.uniform(0.5, 1.5) * mean_interval, time.monotonic() - mean_interval)
             if stop.wait(max(0.0, due - time.monotonic())):
                 return
             try:
