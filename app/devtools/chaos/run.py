@@ -7,8 +7,9 @@ every promise.
 2. The ``Workload`` creates exports at ``rate`` per second; its operators cancel (double clicks
    included), edit, replace and reconcile at random moments.
 3. One thread per fault kind injects that fault at seeded random intervals (``faults_per_minute``
-   over all kinds, more often for the kinds that wait for their moment); each injection records what it kept from working, so the ``LivenessWatch`` that
-   samples the database every few seconds does not blame the system for a wait a fault imposed.
+   over all kinds, more often for the kinds that wait for their moment); each injection records what
+   it kept from working, so the ``LivenessWatch`` that samples the database every few seconds does not
+   blame the system for a wait a fault imposed.
 4. After ``minutes``, the faults and the workload stop; the system settles (up to ``settle_minutes``)
    until nothing is Queued, Running or Delivering and the outbox has drained; the scavenger runs.
 5. The ``checker`` reads the database and the partner's directory; the report (JSON) lists faults by
