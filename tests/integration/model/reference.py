@@ -26,7 +26,9 @@ OUTCOME_UNKNOWN = "OutcomeUnknown"
 #: States no writer leaves, except a reconciliation operator's correction of Completed or Failed.
 TERMINAL = frozenset({CANCELED, REJECTED, STOPPED, FAILED, COMPLETED})
 #: Failure codes a worker may record before cutoff 2, and after it (the destination proved them).
-FAILED_BEFORE_CUTOFF_2 = frozenset({"BuildFailed", "FinalNameOccupied", "OriginalDelivered"})
+#: Before cutoff 2 nothing has left the process; NotDelivered there is a refused configuration or a deferral
+#: budget spent (docs/protocol.md).
+FAILED_BEFORE_CUTOFF_2 = frozenset({"BuildFailed", "FinalNameOccupied", "OriginalDelivered", "NotDelivered"})
 FAILED_AFTER_CUTOFF_2 = frozenset({"NotDelivered", "FinalNameOccupied", "OriginalDelivered"})
 #: An original Failed for one of these proved nothing was finalized, so it may be replaced.
 REPLACEABLE_FAILURES = frozenset({"BuildFailed", "AttemptsExhausted", "NotDelivered"})
@@ -225,7 +227,8 @@ class Model:
 
     def finish_failed(self, job_id: UUID, attempt: UUID, code: str) -> str:
         job = self.jobs[job_id]
-        if job.attempt != attempt or job.status != RUNNING or code not in FAILED_BEFORE_CUTOFF_2:
+        if (job.attempt != attempt or job.status != RUNNING or code not in FAILED_BEFORE_CUTOFF_2
+                or job.stop_request is not None):   # a stop request recorded first wins: the attempt stops
             return "NotMatched"
         self._end(job, FAILED, code, "Failed")
         return "Written"
@@ -387,6 +390,10 @@ class Model:
         if (job.tenant != tenant or attempt is None or job.attempt != attempt or job.status != OUTCOME_UNKNOWN
                 or resolution not in (COMPLETED, FAILED) or job.recorded("Reconciled", attempt)):
             return False
+        if resolution == COMPLETED and job.original is None and any(
+                r.original == job.id and r.status in (DELIVERING, COMPLETED, OUTCOME_UNKNOWN)
+                and any(kind == "DeliveryAuthorized" for kind, _ in r.history) for r in self.jobs.values()):
+            return False   # a file under the shared name may be the replacement's
         job.status, job.failure = resolution, "NotDelivered" if resolution == FAILED else None
         job.record("Reconciled", attempt)
         return True
