@@ -240,8 +240,12 @@ def reconcile(ctx: Context, args: argparse.Namespace) -> int:
                                      resolution=args.to, evidence=args.evidence, reconciled_by=args.by)
     if not written:
         current = cli_lookup.job(views, tenant, job.id)
-        raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; only an "
-                      "OutcomeUnknown attempt is reconciled, once", status=current.status)
+        why = ("only an OutcomeUnknown attempt is reconciled, once; and an original is not reconciled Completed once "
+               "a replacement of it has passed cutoff 2 (a file under the shared name may be the replacement's)"
+               if current.status == Status.OUTCOME_UNKNOWN.value and current.replaces_job_id is None
+               else "only an OutcomeUnknown attempt is reconciled, once")
+        raise refused(f"NotChanged: export {job.id} is {current.status} with attempt {current.attempt_id}; {why}",
+                      status=current.status)
     emit(ctx, f"export {job.id} reconciled to {args.to.value}", {"job_id": str(job.id), "status": args.to.value})
     return EXIT_OK
 

@@ -206,14 +206,23 @@ WHERE j.id = %(job_id)s;
 -- name: export_reconcile
 -- OutcomeUnknown -> Completed, or Failed with NotDelivered on affirmative evidence. No lease condition:
 -- recovery cleared the lease. One-shot per attempt: the unique index allows one Reconciled event.
+-- An original is not reconciled Completed once a replacement of it has passed cutoff 2 and may have
+-- written the shared final name (Delivering, Completed or OutcomeUnknown): the same contacts build the
+-- same bytes, so a file there cannot be told apart from the replacement's. A correction, with evidence
+-- naming the original's attempt, remains. Found by the chaos soak (seed 11).
 WITH reconciled AS (
-    UPDATE export_jobs
+    UPDATE export_jobs j
     SET status = %(resolution)s,
         failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
-    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = 'OutcomeUnknown'
+    WHERE j.tenant_id = %(tenant_id)s AND j.id = %(job_id)s AND j.attempt_id = %(attempt_id)s
+      AND j.status = 'OutcomeUnknown'
       AND %(resolution)s IN ('Completed', 'Failed')
-    RETURNING id, attempt_id, status)
+      AND NOT (%(resolution)s = 'Completed' AND j.replaces_job_id IS NULL AND EXISTS (
+          SELECT 1 FROM export_jobs r
+          WHERE r.tenant_id = j.tenant_id AND r.replaces_job_id = j.id
+            AND r.delivery_authorized_at IS NOT NULL
+            AND r.status IN ('Delivering', 'Completed', 'OutcomeUnknown')))
+    RETURNING j.id, j.attempt_id, j.status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence)s, clock_timestamp()
 FROM reconciled

@@ -101,6 +101,56 @@ def test_a_second_reconciled_event_inserted_directly_is_refused_by_uq_attempt_tr
     assert seed.event_kinds(job).count("Reconciled") == 1
 
 
+# --- an original and its replacement share a final name (found by the chaos soak, seed 11) ----------
+
+
+def _replacement_past_cutoff_2(states: States, seed, original: Job) -> Job:
+    replacement = states.replacement(original)
+    return seed.delivering(seed.running(replacement), replaces_job_id=original.id)
+
+
+def test_an_original_is_not_reconciled_completed_once_its_replacement_passed_cutoff_2(states, seed):
+    original = states.outcome_unknown_by_recovery()
+    _replacement_past_cutoff_2(states, seed, original)
+    before = seed.row(original)
+
+    # The partner shows a file under the shared name with the expected bytes: the replacement's, maybe.
+    assert not _reconcile(seed.conn, original, Status.COMPLETED, evidence="listing shows the expected file")
+
+    assert seed.row(original) == before
+    assert "Reconciled" not in seed.event_kinds(original)
+
+
+@pytest.mark.parametrize("replacement_ended", [Status.COMPLETED, Status.OUTCOME_UNKNOWN])
+def test_an_original_stays_unreconciled_while_its_replacement_may_have_written_the_file(states, seed,
+                                                                                      replacement_ended):
+    original = states.outcome_unknown_by_recovery()
+    replacement = _replacement_past_cutoff_2(states, seed, original)
+    assert export.try_finish_delivery(seed.conn, job_id=replacement.id, attempt_id=replacement.attempt_id,
+                                      worker_id="worker-test", outcome=replacement_ended) == 1
+
+    assert not _reconcile(seed.conn, original, Status.COMPLETED)
+    # Failed stays open to affirmative evidence (the partner's word that nothing was published).
+    assert _reconcile(seed.conn, original, Status.FAILED, evidence="partner: nothing published")
+
+
+def test_an_original_is_reconciled_completed_when_its_replacement_proved_nothing_was_written(states, seed):
+    original = states.outcome_unknown_by_recovery()
+    replacement = _replacement_past_cutoff_2(states, seed, original)
+    assert export.try_finish_delivery(seed.conn, job_id=replacement.id, attempt_id=replacement.attempt_id,
+                                      worker_id="worker-test", outcome=Status.FAILED,
+                                      failure_reason=FailureCode.NOT_DELIVERED) == 1
+
+    assert _reconcile(seed.conn, original, Status.COMPLETED)
+
+
+def test_an_original_is_reconciled_completed_while_its_replacement_has_not_reached_cutoff_2(states, seed):
+    original = states.outcome_unknown_by_recovery()
+    seed.running(states.replacement(original))
+
+    assert _reconcile(seed.conn, original, Status.COMPLETED)
+
+
 # --- every Failed has a code, nothing else has one (ck_export_jobs_failure) --------------------------
 
 
