@@ -77,7 +77,8 @@ class Workload:
     stop: threading.Event
     unanswered: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
-    #: Originals this operator replaced (or found replaced): never reconciled from a listing afterwards.
+    #: Originals this operator replaced (or found replaced): not replaced again. Reconciling one from a
+    #: listing is still tried: the database refuses it once the replacement has passed cutoff 2.
     replaced: set[UUID] = field(default_factory=set)
     _local: threading.local = field(default_factory=threading.local)
     _pending: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
@@ -245,10 +246,6 @@ class Workload:
                                   limit=OPERATOR_ROUND_LIMIT):
             job = views.job(self.target.tenant_id, summary.id)
             if job is None or job.status != Status.OUTCOME_UNKNOWN.value or job.attempt_id is None:
-                continue
-            if job.id in self.replaced:
-                # Its replacement may have delivered since: the same contacts make the same bytes, so a
-                # file under the shared name cannot tell the two apart, and it waits for a person.
                 continue
             evidence = self._partner_shows(self.target.partner_dirs.get(job.destination_id), job.expected_file_name,
                                            job.expected_file_bytes, job.expected_file_sha256)
