@@ -41,7 +41,7 @@ def read_history(conn: psycopg.Connection[Any]) -> History:
     reads share one repeatable-read transaction of their own."""
     with conn.transaction():
         connector.execute(conn, "chaos_snapshot")
-        jobs = connector.fetch_all(conn, "chaos_jobs")
+        jobs = connector.fetch_all(conn, "chaos_jobs", dict(job_id=None))
         events = connector.fetch_all(conn, "chaos_events")
         outbox = connector.fetch_all(conn, "chaos_outbox")
         cancellations = connector.fetch_all(conn, "chaos_cancellations")
@@ -55,7 +55,7 @@ def job_rows(conn: psycopg.Connection[Any], job_id: UUID) -> tuple[Row | None, l
     params = dict(job_id=job_id)
     with conn.transaction():
         connector.execute(conn, "chaos_snapshot")
-        row = connector.fetch_one(conn, "chaos_job_row", params)
+        row = connector.fetch_one(conn, "chaos_jobs", params)
         events = connector.fetch_all(conn, "chaos_job_events", params)
         outbox = connector.fetch_all(conn, "chaos_job_outbox", params)
         cancellations = connector.fetch_all(conn, "chaos_job_cancellations", params)

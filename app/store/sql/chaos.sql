@@ -7,7 +7,7 @@
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: chaos_jobs
--- With the directory of the job's destination, where its final file is put.
+-- Every job, or the one job_id names, with the directory of its destination, where its final file is put.
 SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j.attempt_count, j.claimed_by,
        j.lease_expires_at, j.stop_request_id, j.cancellation_request_id, j.expected_file_name,
        j.expected_file_bytes, j.expected_file_sha256, j.delivery_authorized_at, j.woken_at, j.failure_reason,
@@ -16,6 +16,7 @@ SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j
        d.remote_dir
 FROM export_jobs j
 LEFT JOIN destinations d ON d.id = j.destination_id
+WHERE %(job_id)s::uuid IS NULL OR j.id = %(job_id)s::uuid
 ORDER BY j.created_at, j.id;
 
 -- name: chaos_remote_dirs
@@ -42,17 +43,6 @@ SELECT tenant_id, id, job_id, requested_by, reason, outcome, found_status, found
        found_attempt_count, found_delivery_authorized_at, recorded_at
 FROM cancellation_requests
 ORDER BY job_id, recorded_at, id;
-
--- name: chaos_job_row
-SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j.attempt_count, j.claimed_by,
-       j.lease_expires_at, j.stop_request_id, j.cancellation_request_id, j.expected_file_name,
-       j.expected_file_bytes, j.expected_file_sha256, j.delivery_authorized_at, j.woken_at, j.failure_reason,
-       j.delivery_key, j.replaces_job_id, j.created_by, j.replacement_reason, j.overwrite_agreement_ref,
-       j.sweep_count, j.created_at, j.deferrals, j.deferred_since, j.last_deferral,
-       d.remote_dir
-FROM export_jobs j
-LEFT JOIN destinations d ON d.id = j.destination_id
-WHERE j.id = %(job_id)s;
 
 -- name: chaos_job_events
 SELECT id, job_id, attempt_id, kind, version, worker_id, observed_by, detail, recorded_at

@@ -234,8 +234,15 @@ def test_two_completed_jobs_of_one_key_without_an_agreement_are_two_final_files(
     original = world.outcome_unknown()
     replacement = world.states.replacement(original)
     world.completed(replacement, b"id,email\n7,g@example.com\n")
-    world.reconcile(original, by="ops-carol", evidence="the partner says it got it")
-    world.ledger.add("reconciliations", Reconciliation(original.id, original.attempt_id, "Completed", "it got it"))
+    # The database refuses to reconcile the original Completed now (its replacement passed cutoff 2); a
+    # reconciliation operator's correction is the one way left to record it, mistaken or not.
+    assert export.reconcile(world.conn, tenant_id=original.tenant_id, job_id=original.id,
+                            attempt_id=original.attempt_id, resolution=Status.FAILED,
+                            evidence="the partner says nothing arrived", reconciled_by="ops-carol")
+    assert export.correct(world.reconciler, tenant_id=original.tenant_id, job_id=original.id,
+                          attempt_id=original.attempt_id, recorded_status=Status.FAILED,
+                          corrected_status=Status.COMPLETED, failure_reason=None, evidence_ref="ticket-7",
+                          why="the partner says it got it after all", corrected_by="ops-rita")
     world.publish()
 
     assert ("two-final-files", replacement.id) in world.fired()

@@ -8,6 +8,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 from uuid import UUID
@@ -90,3 +91,16 @@ def typical_size(system: ChaosSystem) -> int:
     size), so a cut or a hold "past N bytes" falls inside an upload."""
     journal = system.partner_journal()
     return journal[-1].size if journal else 100_000
+
+
+def hold_past_the_lease(system: ChaosSystem, rng: random.Random, stop: threading.Event,
+                        release: Callable[[], None]) -> tuple[float, float]:
+    """Keeps a hold that has been reached for past the lease (less if the soak stops), then releases it;
+    returns when it started and how many seconds it was meant to last."""
+    started = time.time()
+    seconds = past_the_lease(system, rng)
+    try:
+        pause(stop, seconds)
+    finally:
+        release()
+    return started, seconds

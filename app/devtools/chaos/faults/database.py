@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from app.devtools.chaos.faults.common import BOUND, past_the_lease, pause, wait_for
+from app.devtools.chaos.faults.common import BOUND, hold_past_the_lease, wait_for
 from app.devtools.chaos.record import Injection
 from app.devtools.chaos.system import WORKER_APPLICATION_NAMES, ChaosSystem
 from app.devtools.pgproxy import Cut, Hold
@@ -70,12 +70,7 @@ class PgStall:
         if not wait_for(hold.reached, stop, self.bound) and system.proxy.disarm(hold):
             return None
         hold.reached.wait(5)
-        started = time.time()
-        seconds = past_the_lease(system, rng)
-        try:
-            pause(stop, seconds)
-        finally:
-            hold.release()
+        started, seconds = hold_past_the_lease(system, rng, stop, hold.release)
         return Injection(self.kind, statement, started, time.time(), frozenset({"database"}),
                          f"held {'its reply' if after_reply else 'the request'} for {seconds:.1f}s")
 

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from app.devtools.chaos.faults.common import BOUND, past_the_lease, pause, typical_size, wait_for
+from app.devtools.chaos.faults.common import BOUND, hold_past_the_lease, pause, typical_size, wait_for
 from app.devtools.chaos.record import Injection
 from app.devtools.chaos.system import ChaosSystem
 
@@ -54,12 +54,7 @@ class SftpStall:
         if not wait_for(trap.reached, stop, self.bound) and system.partner.faults.disarm(trap):
             return None
         trap.reached.wait(5)
-        started = time.time()
-        seconds = past_the_lease(system, rng)
-        try:
-            pause(stop, seconds)
-        finally:
-            trap.release()
+        started, seconds = hold_past_the_lease(system, rng, stop, trap.release)
         return Injection(self.kind, trap.path or "?", started, time.time(), frozenset({"partner"}),
                          f"{at} held {seconds:.1f}s")
 
