@@ -28,7 +28,8 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.devtools.sftp_subsystem import Faults, Subsystem
+from app.devtools.sftp_faults import Faults
+from app.devtools.sftp_subsystem import Subsystem
 
 log = logging.getLogger(__name__)
 

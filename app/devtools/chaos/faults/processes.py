@@ -24,7 +24,7 @@ from app.devtools.chaos.faults.common import (
 from app.devtools.chaos.record import Injection
 from app.devtools.chaos.system import ChaosSystem
 from app.devtools.processes import pid_of_client_port
-from app.devtools.sftp_subsystem import Trap
+from app.devtools.sftp_faults import Trap
 
 
 @dataclass
