@@ -109,6 +109,13 @@ class RecoveryCounts:
         return dataclasses.asdict(self)
 
 
+def _logged(event: str, run_id: str, counts: RecoveryCounts) -> RecoveryCounts:
+    """One line for a run that did something."""
+    if any(counts.as_fields().values()):
+        log.info(event, run_id=run_id, **{k: v for k, v in counts.as_fields().items() if v})
+    return counts
+
+
 _COUNT_FIELD = {Takeover.STOP: "stopped", Takeover.REQUEUE: "requeued", Takeover.EXHAUST: "exhausted",
                 Takeover.COMPLETE: "completed", Takeover.OUTCOME_UNKNOWN: "outcome_unknown"}
 
@@ -132,6 +139,14 @@ class Recovery:
         self.inspect_destination = inspect_destination or DestinationInspector(db)
 
     def run_once(self) -> RecoveryCounts:
+        """One whole recovery run: the takeovers, then the reconciliation pass. The scheduler runs the
+        two as jobs of their own (``take_over_once``, ``reconcile_once``) so that a long pass over many
+        OutcomeUnknown jobs never holds up the takeover of an expired lease."""
+        taken, reconciled = self.take_over_once(), self.reconcile_once()
+        return RecoveryCounts(**{k: v + getattr(reconciled, k) for k, v in taken.as_fields().items()})
+
+    def take_over_once(self) -> RecoveryCounts:
+        """Every expired attempt taken over (Running) or resolved from evidence (Delivering)."""
         run_id = str(uuid.uuid4())
         counts: dict[str, int] = dict(RecoveryCounts().as_fields())
         while True:
@@ -147,12 +162,14 @@ class Recovery:
             # (a row whose takeover failed would otherwise be nominated again for ever).
             if len(candidates) < self.config.batch_size or not progressed:
                 break
-        counts["reconciled"], reconcile_errors = self._reconcile(run_id)
-        counts["errors"] += reconcile_errors
-        result = RecoveryCounts(**counts)
-        if any(result.as_fields().values()):
-            log.info("recovery.run", run_id=run_id, **{k: v for k, v in counts.items() if v})
-        return result
+        return _logged("recovery.run", run_id, RecoveryCounts(**counts))
+
+    def reconcile_once(self) -> RecoveryCounts:
+        """The reconciliation pass: every OutcomeUnknown job whose appended evidence now proves its
+        delivery, reconciled to Completed."""
+        run_id = str(uuid.uuid4())
+        reconciled, errors = self._reconcile(run_id)
+        return _logged("recovery.reconciliation", run_id, RecoveryCounts(reconciled=reconciled, errors=errors))
 
     def _take_over_running(self, jobs: list[ExpiredAttempt], run_id: str, counts: dict[str, int]) -> bool:
         """One batch statement per takeover kind; True when some nomination left the expired set."""
