@@ -137,6 +137,10 @@ class Recovery:
         self.db = db
         self.config = config
         self.inspect_destination = inspect_destination or DestinationInspector(db)
+        #: OutcomeUnknown jobs whose evidence did not prove a delivery, with the attempt and its newest
+        #: event when judged: a pass reads their evidence again only once something was appended, so
+        #: hundreds of jobs waiting for a person cost one scan per pass, not a query each.
+        self._unproven: dict[UUID, tuple[UUID | None, int | None]] = {}
 
     def run_once(self) -> RecoveryCounts:
         """One whole recovery run: the takeovers, then the reconciliation pass. The scheduler runs the
@@ -276,10 +280,14 @@ class Recovery:
         needs the partner's affirmative word, which is an operator's reconciliation."""
         reconciled = errors = 0
         after: UUID | None = None
+        seen: set[UUID] = set()
         while True:
             with self.db.connection() as conn:
                 page = recovery.scan_outcome_unknown(conn, after=after, batch_size=self.config.reconcile_batch_size)
             for job in page:
+                seen.add(job.job_id)
+                if self._unproven.get(job.job_id) == (job.attempt_id, job.last_event_id):
+                    continue   # judged already, and nothing appended since
                 try:
                     reconciled += self._reconcile_one(job, run_id)
                 except Exception as exc:
@@ -287,6 +295,7 @@ class Recovery:
                     log.warning("recovery.reconcile_failed", job_id=job.job_id, attempt_id=job.attempt_id,
                                 run_id=run_id, error=type(exc).__name__)
             if len(page) < self.config.reconcile_batch_size:
+                self._unproven = {k: v for k, v in self._unproven.items() if k in seen}
                 return reconciled, errors
             after = page[-1].job_id
 
@@ -296,11 +305,13 @@ class Recovery:
         with self.db.connection() as conn:
             evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
             if not evidence.observations:
+                self._unproven[job.job_id] = (job.attempt_id, job.last_event_id)
                 return 0
             expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
             verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
                                       listing=None, inspect_error=None)
             if verdict.resolution is not Resolution.COMPLETED:
+                self._unproven[job.job_id] = (job.attempt_id, job.last_event_id)
                 return 0
             written = export.reconcile(conn, tenant_id=job.tenant_id, job_id=job.job_id,
                                        attempt_id=job.attempt_id, resolution=Status.COMPLETED,

@@ -109,6 +109,8 @@ class UnknownOutcome:
     expected_file_name: str | None
     expected_file_bytes: int | None
     expected_file_sha256: bytes | None
+    #: The id of the attempt's newest event: its evidence is unchanged while this is.
+    last_event_id: int | None = None
 
 
 def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_size: int) -> list[UnknownOutcome]:
@@ -117,7 +119,7 @@ def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_
     return [UnknownOutcome(job_id=r["id"], tenant_id=r["tenant_id"], attempt_id=r["attempt_id"],
                            replaces_job_id=r["replaces_job_id"], expected_file_name=r["expected_file_name"],
                            expected_file_bytes=r["expected_file_bytes"],
-                           expected_file_sha256=_bytes(r["expected_file_sha256"]))
+                           expected_file_sha256=_bytes(r["expected_file_sha256"]), last_event_id=r["last_event_id"])
             for r in rows]
 
 

@@ -115,11 +115,16 @@ WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s AND kind = 'DeliveryEv
 ORDER BY id;
 
 -- name: recovery_scan_outcome_unknown
--- A page of OutcomeUnknown jobs, keyset-paged by id, for reconciliation from appended evidence.
-SELECT id, tenant_id, attempt_id, replaces_job_id, expected_file_name, expected_file_bytes, expected_file_sha256
-FROM export_jobs
-WHERE status = 'OutcomeUnknown' AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
-ORDER BY id
+-- A page of OutcomeUnknown jobs, keyset-paged by id, for reconciliation from appended evidence, each with
+-- the id of its attempt's newest event (an index-only look at ix_export_attempt_events_attempt): a job
+-- whose evidence was judged at that id need not be read again until something is appended.
+SELECT j.id, j.tenant_id, j.attempt_id, j.replaces_job_id, j.expected_file_name, j.expected_file_bytes,
+       j.expected_file_sha256,
+       (SELECT max(e.id) FROM export_attempt_events e
+        WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id) AS last_event_id
+FROM export_jobs j
+WHERE j.status = 'OutcomeUnknown' AND (%(after)s::uuid IS NULL OR j.id > %(after)s::uuid)
+ORDER BY j.id
 LIMIT %(batch_size)s;
 
 -- Inspections of the partner for an expired delivery are claimed, so however many schedulers run, one

@@ -26,6 +26,7 @@ from app.maintenance.scavenger import ScavengeCounts, Scavenger, ScavengerConfig
 from app.maintenance.sweeper import SweepCounts, Sweeper, SweeperConfig
 from app.scheduler import build_scheduler, run_forever
 from app.store import export
+from app.store import recovery as recovery_store
 from app.store.cancellation import request_cancellation
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt
@@ -392,6 +393,26 @@ def test_outcome_unknown_without_proving_evidence_is_not_reconciled(app_db, conn
     assert recovery_for(app_db, tmp_path).run_once() == RecoveryCounts()
 
     assert [seed.row(after_refused_rename), seed.row(without_evidence)] == before
+
+
+def test_a_pass_reads_an_unproven_jobs_evidence_again_only_once_something_is_appended(
+        app_db, conn, seed, states, tmp_path, monkeypatch):
+    # Found by the chaos soak (seed 1): every pass read the evidence of each of ~900 jobs waiting for a person.
+    job = states.outcome_unknown_by_worker()
+    append(conn, job, EvidenceStage.BASELINE, listing_of(seed, job, present=False))
+    reads: list[uuid.UUID] = []
+    evidence_details = recovery_store.evidence_details
+    monkeypatch.setattr(recovery_store, "evidence_details",
+                        lambda c, **kw: reads.append(kw["job_id"]) or evidence_details(c, **kw))
+    service = recovery_for(app_db, tmp_path)
+
+    assert service.reconcile_once() == RecoveryCounts()
+    assert service.reconcile_once() == RecoveryCounts()
+    assert reads == [job.id]
+
+    append(conn, job, EvidenceStage.RECEIPT, listing_of(seed, job, sha256=b"\x01" * 32))
+    assert service.reconcile_once() == RecoveryCounts(reconciled=1)
+    assert reads == [job.id, job.id] and seed.status(job) is Status.COMPLETED
 
 
 def test_a_receipt_appended_under_another_attempt_does_not_reconcile_the_job(app_db, conn, seed, states, tmp_path):
