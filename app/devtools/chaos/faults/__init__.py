@@ -87,7 +87,7 @@ KINDS: dict[str, Fault] = _registry()
 #: Kinds that wait for a moment of an export (a build, an upload, a rename) and miss it when none comes
 #: within their bound: the soak arms them this much more often than the others, so every kind ends
 #: with about as many injections.
-WAITING_KINDS = {"pg-lost-reply": 1.3, "pg-lost-request": 1.3, "pg-stall": 1.2, "sftp-stall": 1.3,
+WAITING_KINDS = {"pg-lost-reply": 1.3, "pg-lost-request": 1.3, "pg-stall": 1.2, "sftp-stall": 1.6,
                  "kill-mid-build": 1.3, "kill-after-cutoff-2": 1.3, "kill-mid-upload": 1.3, "kill-after-rename": 1.5,
                  "sftp-cut-upload": 1.2, "sftp-lost-rename-reply": 1.5}
 
