@@ -75,7 +75,7 @@ def test_exports_help_lists_every_command_and_exits_zero(capsys):
     top = {path[0] for path in LEAVES}
     assert top == {"db", "tenant", "destination", "operator", "contacts", "create", "cancel", "edit", "replace",
                    "reconcile", "correct", "show", "list", "watch", "health", "processes", "outbox", "relay",
-                   "scheduler", "worker", "demo"}
+                   "scheduler", "worker", "demo", "chaos"}
     assert all(f"    {command}" in out for command in top)
 
 
@@ -155,3 +155,21 @@ def test_a_bad_setting_is_one_line_and_exit_two_before_any_handler_runs(capsys, 
 
     assert code == EXIT_BAD_INPUT
     assert len(err.splitlines()) == 1 and "EXPORTS_LEASE_SECONDS" in err
+
+
+def test_chaos_names_its_fault_kinds_and_refuses_an_unknown_one_before_starting_anything(capsys, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("EXPORTS_STATE_DIR", str(tmp_path))
+    code, out, _ = _run(capsys, "chaos", "--faults", "list")
+    assert code == 0 and "kill-after-rename" in out.split() and len(out.split()) == 19
+
+    code, _, err = _run(capsys, "chaos", "--faults", "kill-worker,unplug-the-\x1b[31mcable")
+    assert code == 2
+    assert "unknown fault kind" in err and "\x1b" not in err and "kill-worker" in err
+    assert list(tmp_path.iterdir()) == []   # nothing was started
+
+
+@pytest.mark.parametrize("flag, value", [("--minutes", "0"), ("--rate", "lots"), ("--faults-per-minute", "-3")])
+def test_chaos_refuses_a_malformed_number_with_exit_2(capsys, flag, value):
+    code, _, err = _run(capsys, "chaos", flag, value)
+    assert code == 2 and flag in err
