@@ -38,7 +38,7 @@ from typing import Any
 
 from app.config import Settings
 from app.devtools.chaos import checker
-from app.devtools.chaos.faults import KINDS, WAITING_KINDS, Fault
+from app.devtools.chaos.faults import KINDS, LASTING_KINDS, WAITING_KINDS, Fault
 from app.devtools.chaos.record import Injection, Ledger, Violation
 from app.devtools.chaos.system import CHAOS_SETTINGS, ChaosSystem
 from app.devtools.chaos.watch import LivenessWatch
@@ -123,11 +123,14 @@ class Soak:
                                   conn, job_id, system.partner_root, system.remote_dir))
         faults_stop, watch_stop = threading.Event(), threading.Event()
         mean_interval = 60.0 * len(options.kinds) / options.faults_per_minute
+        def interval(kind: str) -> float:
+            return mean_interval / WAITING_KINDS.get(kind, 1.0) * LASTING_KINDS.get(kind, 1)
+
         fault_threads = [threading.Thread(target=self._fault_loop,
-                                          args=(system, KINDS[kind], random.Random(seeds.random()),
-                                                mean_interval / WAITING_KINDS.get(kind, 1.0), faults_stop),
-                                          name=f"chaos-fault-{kind}", daemon=True)
-                         for kind in options.kinds]
+                                          args=(system, KINDS[kind], random.Random(seeds.random()), interval(kind),
+                                                faults_stop),
+                                          name=f"chaos-fault-{kind}-{n}", daemon=True)
+                         for kind in options.kinds for n in range(LASTING_KINDS.get(kind, 1))]
         watcher = threading.Thread(target=self._watch_loop, args=(system, watch, watch_stop), daemon=True,
                                    name="chaos-watch")
         workload.start()

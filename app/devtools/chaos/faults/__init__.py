@@ -49,7 +49,7 @@ from app.devtools.chaos.record import Injection
 from app.devtools.chaos.system import ChaosSystem
 
 __all__ = [
-    "BOUND", "DRAMATIQ_NAMESPACE", "KINDS", "LOST_RESPONSE_STATEMENTS", "POLL", "STALLED_REQUESTS",
+    "BOUND", "DRAMATIQ_NAMESPACE", "KINDS", "LASTING_KINDS", "LOST_RESPONSE_STATEMENTS", "POLL", "STALLED_REQUESTS",
     "STALLED_STATEMENTS", "WAITING_KINDS", "BrokerQueueLost", "Fault", "Injection", "KillAtPartner", "KillMidBuild",
     "KillProcess", "PartnerDown", "PgLostResponse", "PgRestart", "PgStall", "PgTerminate", "RedisRestart",
     "SftpStall", "SftpTrap", "SigstopWorker", "attempt_in", "inject", "kill_owners", "lease_seconds", "owner_of",
@@ -87,6 +87,9 @@ KINDS: dict[str, Fault] = _registry()
 #: Kinds that wait for a moment of an export (a build, an upload, a rename) and miss it when none comes
 #: within their bound: the soak arms them this much more often than the others, so every kind ends
 #: with about as many injections.
+#: Kinds whose every injection lasts past a lease (longer than their mean interval): each runs in this many
+#: threads, each at that many times the interval, or one thread could not keep their rate.
+LASTING_KINDS = {"pg-stall": 2, "sftp-stall": 2, "sigstop-worker": 2}
 WAITING_KINDS = {"pg-lost-reply": 1.3, "pg-lost-request": 1.3, "pg-stall": 1.2, "sftp-stall": 1.6,
                  "kill-mid-build": 1.3, "kill-after-cutoff-2": 1.3, "kill-mid-upload": 1.3, "kill-after-rename": 1.5,
                  "sftp-cut-upload": 1.2, "sftp-lost-rename-reply": 1.5}
