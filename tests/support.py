@@ -4,10 +4,11 @@ rather than hoped for. Loaded as a fixture plugin too (``threads``)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 import psycopg
 import pytest
@@ -20,6 +21,17 @@ Backend = psycopg.Connection | int
 
 #: How long a test waits for a statement to be seen blocked, or for a thread to finish, in seconds.
 WAIT_SECONDS = 10.0
+
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def unavailable(message: str) -> NoReturn:
+    """What a test does when a service or tool it needs is missing: skips on a developer's machine, and
+    fails under CI=true, where every test must run."""
+    if IN_CI:
+        pytest.fail(f"CI=true: {message}", pytrace=False)
+    pytest.skip(message)
 
 
 def _pid(backend: Backend) -> int:

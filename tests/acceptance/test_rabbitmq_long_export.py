@@ -48,6 +48,7 @@ from tests.acceptance.test_system import (
     _wait_status,
 )
 from tests.fixtures.processes import QUEUE, SYSTEM_SETTINGS, ExportsCli, System
+from tests.support import unavailable
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -157,7 +158,7 @@ class ShortHorizonRabbitmq:
 @pytest.fixture(scope="module")
 def short_horizon_rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShortHorizonRabbitmq]:
     if _rabbitmq_script("rabbitmq-server") is None:
-        pytest.skip("rabbitmq-server is not installed")
+        unavailable("rabbitmq-server is not installed (Debian rabbitmq-server)")
     broker = ShortHorizonRabbitmq(tmp_path_factory.mktemp("rabbitmq"))
     try:
         broker.start()

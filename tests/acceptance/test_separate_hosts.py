@@ -31,6 +31,7 @@ from tests.acceptance.test_system import (
     _wait_status,
 )
 from tests.fixtures.processes import SYSTEM_SETTINGS, stop_all
+from tests.support import unavailable
 
 IN_CI = os.environ.get("CI") == "true"
 #: The work directory's path on every host; each host mounts its own directory there.
@@ -52,9 +53,7 @@ def hosts_supported() -> None:
     elif shutil.which("unshare") is None:
         problem = "unshare (util-linux) is not installed"
     if problem:
-        if IN_CI:
-            pytest.fail(problem)
-        pytest.skip(problem)
+        unavailable(problem)
 
 
 @pytest.fixture
