@@ -47,16 +47,26 @@ class LivenessWatch:
     _reported: set[tuple[str, UUID]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _blocked_until(self, needs: frozenset[str]) -> float:
-        """When the last fault that took away something in ``needs`` ended (0 if none did)."""
-        return max((i.ended for i in self.injections() if i.blocks & needs), default=0.0)
+    def _last_ends(self) -> dict[str, float]:
+        """When the last fault that took each component away ended: one pass over the injections per look,
+        not one per overdue export."""
+        ends: dict[str, float] = {}
+        for injection in self.injections():
+            for component in injection.blocks:
+                ends[component] = max(ends.get(component, 0.0), injection.ended)
+        return ends
 
     def sample(self, now: float) -> None:
         """One look at the database; a violation is recorded once per export and rule."""
+        ends = self._last_ends()
+
+        def blocked_until(needs: frozenset[str]) -> float:
+            return max((ends.get(component, 0.0) for component in needs), default=0.0)
+
         with self.connect() as conn:
             for row in chaos.overdue_leases(conn, grace_seconds=self.recovery_interval + self.grace):
                 expired = _epoch(row["lease_expires_at"])
-                since = max(expired, self._blocked_until(TAKEOVER_NEEDS.get(row["status"], SWEEP_NEEDS)))
+                since = max(expired, blocked_until(TAKEOVER_NEEDS.get(row["status"], SWEEP_NEEDS)))
                 if now - since > self.recovery_interval + self.grace:
                     self._violate(conn, "lease-not-taken-over", row,
                                   f"{row['status']} with a lease that expired {now - expired:.1f}s ago "
@@ -64,7 +74,7 @@ class LivenessWatch:
                                   f"claimed by {row['claimed_by']}")
             bound = self.sweep_after + self.sweep_interval + self.grace
             for row in chaos.stale_queued(conn, older_than_seconds=bound):
-                since = max(_epoch(row["last_wake_up"]), self._blocked_until(SWEEP_NEEDS))
+                since = max(_epoch(row["last_wake_up"]), blocked_until(SWEEP_NEEDS))
                 if now - since > bound:
                     self._violate(conn, "queued-without-wake-up", row,
                                   f"Queued with its newest wake-up {now - _epoch(row['last_wake_up']):.1f}s old")
