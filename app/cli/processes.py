@@ -1,4 +1,4 @@
-"""The long-running processes (relay, scheduler, worker, demo): their parsers and handlers.
+"""The long-running processes (relay, scheduler, worker): their parsers and handlers.
 
 Each resolves the database once (the embedded one when EXPORTS_DATABASE_URL is unset), logs in the one
 format (EXPORTS_LOG_FORMAT), serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
@@ -45,12 +45,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int(256), default=DEFAULT_THREADS,
                    help=f"threads per process (default {DEFAULT_THREADS})")
     p.set_defaults(handler=worker, long_running=True, forwards_unknown=True)
-    p = command(commands, "demo", help_="run the whole system on this machine through a scripted scenario",
-                description="Start the embedded services, relay, two workers and the scheduler, play a scenario, "
-                            "print the outcome and stop everything (--keep leaves it running).", json_output=False)
-    p.add_argument("--keep", action="store_true", help="leave everything running and print the environment")
-    p.add_argument("--stop", action="store_true", help="stop what a demo started with --keep left running")
-    p.set_defaults(handler=demo, long_running=True)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -104,11 +98,3 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
             "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS), *args.forwarded]
     print(f"exports worker: pid {os.getpid()} (SIGTERM or SIGINT stops it gracefully)", file=sys.stderr, flush=True)
     return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))
-
-
-def demo(ctx: Context, args: argparse.Namespace) -> int:
-    from app.devtools import demo as demo_module
-
-    if args.stop:
-        return demo_module.stop_kept(ctx)
-    return demo_module.run(ctx, keep=args.keep)

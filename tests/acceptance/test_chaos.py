@@ -9,8 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from app.devtools.chaos.faults import KINDS
-from app.devtools.processes import EXPORTS, clean_environ
+from exports_devtools.chaos.faults import KINDS
+from exports_devtools.processes import EXPORTS, clean_environ
 
 MINUTES = 2.5
 SEED = 7

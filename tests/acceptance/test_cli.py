@@ -15,10 +15,10 @@ import pytest
 
 from app.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
 from app.cli.main import build_parser
-from app.devtools.processes import clean_environ
 from app.store import directory, export, partner
 from app.store.database import connect
 from app.store.types import FailureCode, Role, Status
+from exports_devtools.processes import clean_environ
 from tests.fixtures.processes import ExportsCli
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from app.devtools.waiting import wait_until
+from exports_devtools.waiting import wait_until
 from tests.acceptance.test_system import DEADLINE, _create, _set_up, _wait_status
 from tests.fixtures.sftp import free_port
 

@@ -15,11 +15,11 @@ import uuid
 import pytest
 
 from app.actors.deferral import CIRCUIT_OPEN, PROBE_FAILED
-from app.devtools.tcp_proxy import TcpProxy
-from app.devtools.waiting import wait_until
 from app.store import export
 from app.store.export import final_name
 from app.store.types import Role
+from exports_devtools.tcp_proxy import TcpProxy
+from exports_devtools.waiting import wait_until
 from tests.fixtures.processes import System
 
 TENANT = "Initech"

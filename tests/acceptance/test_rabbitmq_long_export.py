@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from app.devtools.processes import clean_environ
-from app.devtools.waiting import wait_until
+from exports_devtools.processes import clean_environ
+from exports_devtools.waiting import wait_until
 from tests.acceptance.test_system import (
     DEADLINE,
     _assert_delivered_once,

@@ -15,10 +15,10 @@ import pytest
 
 from app import embedded
 from app.config import Settings
-from app.devtools.pgproxy import PgProxy
-from app.devtools.processes import EXPORTS, ProcessGroup, clean_environ
-from app.devtools.tcp_proxy import TcpProxy
-from app.devtools.waiting import wait_until
+from exports_devtools.pgproxy import PgProxy
+from exports_devtools.processes import EXPORTS, ProcessGroup, clean_environ
+from exports_devtools.tcp_proxy import TcpProxy
+from exports_devtools.waiting import wait_until
 from tests.acceptance.test_system import (
     DEADLINE,
     _assert_delivered_once,

@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.devtools.waiting import wait_until
 from app.store.export import final_name
+from exports_devtools.waiting import wait_until
 from tests.fixtures.processes import System
 
 TENANT = "Initech"

@@ -16,10 +16,10 @@ from app import embedded, relay
 from app.actors.broker import build_broker
 from app.actors.dedup import KEY_PREFIX
 from app.config import Settings
-from app.devtools.processes import stop_process
-from app.devtools.waiting import wait_until
 from app.store import export
 from app.store.relay import OutboxMessage
+from exports_devtools.processes import stop_process
+from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import insert_contacts, insert_destination
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,11 +22,11 @@ from dramatiq.middleware import Middleware
 
 from app import relay as relay_module
 from app.config import Settings
-from app.devtools.waiting import wait_until
 from app.relay import EXPORT_ACTOR, EXPORT_QUEUE, Relay
 from app.store import relay as relay_store
 from app.store.database import Database
 from app.store.types import Role
+from exports_devtools.waiting import wait_until
 
 IN_CI = os.environ.get("CI") == "true"
 #: The machine's RabbitMQ, used under CI when EXPORTS_TEST_AMQP_URL is unset (CI's first pass).

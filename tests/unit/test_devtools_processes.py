@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from app.devtools.processes import pid_of_client_port
+from exports_devtools.processes import pid_of_client_port
 
 
 def test_the_process_holding_a_loopback_client_socket_is_found_by_its_port():

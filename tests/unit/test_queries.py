@@ -14,8 +14,10 @@ from app.store.statements import SQL_DIR, STATEMENTS, load, parse
 
 APP = Path(__file__).resolve().parents[2] / "app"
 _NAME_LINE = re.compile(r"^-- name: (\S+)", re.MULTILINE)
-#: A statement run through the connector: ``connector.<verb>(conn, "name", ...)``.
-_USE = re.compile(r"""connector\.(?:execute|fetch_one|fetch_all|copy|text)\(\s*(?:\w+,\s*)?["']([a-z_]+)["']""")
+#: A statement run through a catalog: ``connector.<verb>(conn, "name", ...)`` in the product, ``queries.<verb>``
+#: in the test equipment.
+_USE = re.compile(
+    r"""(?:connector|queries)\.(?:execute|fetch_one|fetch_all|copy|text)\(\s*(?:\w+,\s*)?["']([a-z_]+)["']""")
 #: Calls that send SQL, or open a way to: none of them may appear outside app/store.
 SQL_CALLS = {"execute", "executemany", "execute_sql", "cursor", "copy_expert"}
 
@@ -28,7 +30,7 @@ EXCEPTIONS = {
     # `exports db migrate` applies the schema file and the numbered migrations shipped with the package.
     ("store/migrate.py", "step.text()"),
     # The connector is the one place a statement's text is looked up by a name it is handed.
-    ("store/connector.py", "text(name)"),
+    ("store/connector.py", "self.text(name)"),
     # Role and login names composed with sql.Identifier and sql.Literal in statements(), DDL that takes no
     # bind parameters.
     ("store/logins.py", "statement"),
@@ -181,6 +183,20 @@ def test_every_named_statement_is_run_by_the_store_module_its_name_starts_with()
                        if name not in _USE.findall(sources.get(f"store/{name.split('_')[0]}.py", "")))
 
     assert misplaced == []
+
+
+def test_every_statement_of_the_test_equipment_is_run_by_its_store_module_and_none_is_missing():
+    import exports_devtools.store as equipment
+    from exports_devtools.store import queries
+
+    store = Path(equipment.__file__).parent
+    sources = {p.stem: p.read_text(encoding="utf-8") for p in store.glob("*.py")}
+    misplaced = sorted(name for name in queries.statements
+                       if name not in _USE.findall(sources.get(name.split("_")[0], "")))
+    named = {name for source in sources.values() for name in _USE.findall(source)}
+
+    assert misplaced == []
+    assert sorted(named - set(queries.statements)) == []
 
 
 def test_every_statement_named_in_app_exists():

@@ -12,9 +12,9 @@ import pytest
 
 from app.actors.policy import ExportPolicy
 from app.actors.runner import RunOutcome
-from app.devtools.waiting import wait_until
 from app.store import export
 from app.store.types import CancellationOutcome, EditResult, Status, WriteResult
+from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import Gate, after_cutoff_2, insert_destination
 from tests.support import Background
 

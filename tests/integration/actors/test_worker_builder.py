@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from app.actors.builder import BuildFailed, BuildStopped, ContactsBuilder, file_name
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
-from app.devtools.waiting import wait_until
+from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import insert_contacts
 from tests.support import Background
 

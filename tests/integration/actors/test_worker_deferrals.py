@@ -17,10 +17,10 @@ from app.actors.slots import DatabaseSlots
 from app.delivery.destination import Destination
 from app.delivery.evidence import Evidence, EvidenceStage
 from app.delivery.sessions import SessionPool
-from app.devtools.waiting import wait_until
 from app.store import export, partner
 from app.store.database import Database
 from app.store.types import CancellationOutcome, Role, Status, WriteResult
+from exports_devtools.waiting import wait_until
 from tests.fixtures.sftp import key_secrets, make_client_key
 from tests.fixtures.worker import Gate, insert_destination
 from tests.support import Background

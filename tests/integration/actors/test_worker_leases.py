@@ -7,9 +7,9 @@ import json
 
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopReason
-from app.devtools.waiting import wait_until
 from app.store import export, recovery
 from app.store.types import RenewResult, Status, WriteResult
+from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import Gate, after_cutoff_2
 from tests.support import Background
 

@@ -12,9 +12,9 @@ from psycopg.rows import dict_row
 from app.actors.lease import Leases, new_scheduler
 from app.actors.runner import RunOutcome
 from app.actors.stop import StopSignal
-from app.devtools.waiting import wait_until
 from app.store import export, recovery
 from app.store.types import FailureCode, RenewResult, Status, WriteResult
+from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import Gate, lease_backends_blocked
 from tests.support import Background
 

@@ -10,8 +10,8 @@ import pytest
 
 from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
-from app.devtools.waiting import wait_until
 from app.store import cancellation
+from exports_devtools.waiting import wait_until
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination
-from app.devtools.sftp_server import EmbeddedSftpServer, load_or_create_host_key
 from app.store.types import ExpectedFile
+from exports_devtools.sftp_server import EmbeddedSftpServer, load_or_create_host_key
 from tests.fixtures.sftp import SftpPeer
 
 BIG = 300_000  # past the 131,072 bytes at which paramiko's own server-side check-file loops for ever
@@ -115,7 +115,7 @@ def test_the_command_line_server_accepts_a_delivery_and_stops_on_sigterm(tmp_pat
     env = {**os.environ, "DEMO_SFTP_PASSWORD": "demo-pass"}
     (tmp_path / "root" / "inbox").mkdir(parents=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.devtools.sftp_server", "--root", str(tmp_path / "root")]
+        [sys.executable, "-m", "exports_devtools.sftp_server", "--root", str(tmp_path / "root")]
         + ["--password-env", "DEMO_SFTP_PASSWORD"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -15,10 +15,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.devtools.chaos.checker import RULES, check, job_history
-from app.devtools.chaos.record import CancelAnswer, Ledger, Reconciliation, Violation
-from app.store import cancellation, chaos, export, recovery, relay
+from app.store import cancellation, export, recovery, relay
 from app.store.types import CancellationOutcome, ExpectedFile, FailureCode, Role, Status
+from exports_devtools.chaos.checker import RULES, check, job_history
+from exports_devtools.chaos.record import CancelAnswer, Ledger, Reconciliation, Violation
+from exports_devtools.store import chaos
 from tests.factories import Job, Seeder
 from tests.factories_more import States
 

@@ -1,4 +1,4 @@
-"""The chaos soak's faults, each injected into one running system (app/devtools/chaos/system.py): every
+"""The chaos soak's faults, each injected into one running system (devtools/exports_devtools/chaos/system.py): every
 kind finds its point while exports flow, strikes, leaves nothing armed or stopped behind, and an export
 created afterwards is still delivered. The services are the configured test ones
 (EXPORTS_TEST_DATABASE_URL, EXPORTS_TEST_BROKER_URL on a database number of its own), else embedded."""
@@ -17,13 +17,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.devtools.chaos.faults import KINDS
-from app.devtools.chaos.system import ChaosSystem, url_with_db
-from app.devtools.waiting import wait_until
-from app.store import devtools as store
 from app.store import export
 from app.store.database import connect
 from app.store.types import Role, Status
+from exports_devtools.chaos.faults import KINDS
+from exports_devtools.chaos.system import ChaosSystem, url_with_db
+from exports_devtools.store import owner as store
+from exports_devtools.waiting import wait_until
 
 #: The Redis database number the soak's system uses on a configured server, apart from other tests'.
 CHAOS_REDIS_DB = 11
@@ -150,13 +150,13 @@ def test_a_statement_psycopg_has_prepared_is_still_recognised_by_the_proxy(syste
     with store.connect_owner(system.proxy.url_for(system.owner_url)) as conn:
         for _ in range(PREPARED_AFTER + 1):   # from the fifth run on, only the prepared name is sent
             store.attempt_owner(conn, uuid.uuid4())
-        hold = system.proxy.hold_statement("devtools_attempt_owner")
+        hold = system.proxy.hold_statement("owner_attempt_owner")
         held = threading.Thread(target=store.attempt_owner, args=(conn, uuid.uuid4()))
         held.start()
         assert hold.reached.wait(10)
         hold.release()
         held.join(10)
-        cut = system.proxy.cut_before("devtools_attempt_owner")
+        cut = system.proxy.cut_before("owner_attempt_owner")
         with pytest.raises(psycopg.OperationalError):
             store.attempt_owner(conn, uuid.uuid4())
         # The proxy closes the connection, then marks the cut fired: the client can see the first first.

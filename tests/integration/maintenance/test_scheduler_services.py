@@ -20,7 +20,6 @@ import pytest
 from app import logs
 from app.config import Settings
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
-from app.devtools.waiting import wait_until
 from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
 from app.maintenance.scavenger import ScavengeCounts, Scavenger, ScavengerConfig
 from app.maintenance.sweeper import SweepCounts, Sweeper, SweeperConfig
@@ -31,6 +30,7 @@ from app.store.cancellation import request_cancellation
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt
 from app.store.types import CancellationOutcome, Role, Status
+from exports_devtools.waiting import wait_until
 from tests.factories import Job
 from tests.factories_more import States
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from app.devtools.waiting import wait_until
 from app.store import export, partner
 from app.store.database import connect
 from app.store.types import Role
+from exports_devtools.waiting import wait_until
 
 BASE, CAP = 2.0, 30.0
 

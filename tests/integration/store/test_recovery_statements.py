@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 
-from app.devtools.waiting import wait_until
 from app.store import export, recovery
 from app.store.cancellation import request_cancellation
 from app.store.types import (
@@ -24,6 +23,7 @@ from app.store.types import (
     Status,
     WriteResult,
 )
+from exports_devtools.waiting import wait_until
 from tests.support import wait_until_blocked
 
 MAX_ATTEMPTS = 3

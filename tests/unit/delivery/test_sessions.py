@@ -15,8 +15,8 @@ from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination, Ready, Unreachable
 from app.delivery.errors import SessionLimitReached
 from app.delivery.sessions import HeldSession, SessionPool
-from app.devtools.waiting import wait_until
 from app.store.types import ExpectedFile, FailureCause
+from exports_devtools.waiting import wait_until
 
 KEY = paramiko.RSAKey.generate(1024)
 CONFIG = DestinationConfig(host="127.0.0.1", port=2222, username="partner", remote_dir="/inbox",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.devtools.chaos.record import Injection
-from app.devtools.chaos.watch import LivenessWatch
+from exports_devtools.chaos.record import Injection
+from exports_devtools.chaos.watch import LivenessWatch
 
 
 def test_each_component_is_blocked_until_the_last_fault_that_took_it_away_ended():
