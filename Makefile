@@ -24,9 +24,10 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# The type checker and the linter, as CI runs them.
+# The linter, the layer contract (pyproject.toml's [tool.importlinter]) and the type checker, as CI runs them.
 lint: setup
 	$(VENV)/bin/ruff check app devtools tests bench
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 # The bench extra (matplotlib, the peer queues, a profiler) only for the benchmarks. Both write
