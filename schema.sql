@@ -1,7 +1,7 @@
--- The exports schema as it is now: the reference design's five tables exactly, the tables it leaves to the
--- application (tenants, destinations and their circuits, contacts, operator_access), the processes'
--- heartbeats, the four roles and their grants, and the triggers that make history append-only even for
--- the owner.
+-- The exports schema as it is now: the reference design's five tables (its columns exactly, ours after
+-- them), the tables it leaves to the application (tenants, destinations and their circuits, contacts,
+-- operator_access), the processes' heartbeats, the four roles and their grants, and the triggers that
+-- make history append-only even for the owner.
 --
 -- `exports db migrate` applies this file to a new database, inside one transaction under an advisory
 -- lock, and it records the version it is (the last line). A database made by an earlier release is
@@ -103,7 +103,7 @@ CREATE TABLE operator_access (
 );
 
 -- ---------------------------------------------------------------------------------------------
--- The reference design's five tables, exactly.
+-- The reference design's five tables: its columns exactly, then the few we add, after them.
 -- ---------------------------------------------------------------------------------------------
 
 CREATE TABLE export_jobs (
@@ -132,7 +132,7 @@ CREATE TABLE export_jobs (
     replacement_reason       text,                      -- replacements only: why, in the creator's words
     overwrite_agreement_ref  text,                      -- replacements only: the partner's recorded overwrite agreement
     sweep_count              int  NOT NULL DEFAULT 0,   -- times the sweeper republished this job
-    -- Filled by the default when export_create inserts the row: the operator views list the newest
+    -- Ours. Filled by the default when export_create inserts the row: the operator views list the newest
     -- jobs first by it, and outbox rows may be archived away by retention anyway.
     created_at               timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- A job whose partner cannot be reached before cutoff 2 defers (goes back to Queued with a wake-up
@@ -254,7 +254,7 @@ CREATE TABLE outbox (
     job_id        uuid NOT NULL,
     created_at    timestamptz NOT NULL,
     published_at  timestamptz,
-    due_at        timestamptz          -- a wake-up due later (a deferral's); NULL: due at once
+    due_at        timestamptz          -- ours: a wake-up due later (a deferral's); NULL: due at once
 );
 
 -- The relay publishes a row once it is due, oldest due first.
