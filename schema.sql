@@ -1,9 +1,13 @@
--- The exports schema: the reference design's five tables exactly, the tables it leaves to the
--- application (tenants, destinations, contacts, operator_access), the three roles and their grants,
--- and the triggers that make history append-only even for the owner.
+-- The exports schema as it is now: the reference design's five tables (its columns exactly, ours after
+-- them), the tables it leaves to the application (tenants, destinations and their circuits, contacts,
+-- operator_access), the processes' heartbeats, the four roles and their grants, and the triggers that
+-- make history append-only even for the owner.
 --
--- Applied by `exports db migrate` inside one transaction under an advisory lock; the migration
--- records schema_version 1 and skips the file when that version is already recorded.
+-- `exports db migrate` applies this file to a new database, inside one transaction under an advisory
+-- lock, and it records the version it is (the last line). A database made by an earlier release is
+-- brought here by the numbered migrations in app/store/migrations/ instead, from 0001_initial.sql (the
+-- first release's schema) on: a change to this file is also a new migration, and a test proves that
+-- 0001 plus every migration dumps the same schema as this file.
 
 -- Roles are cluster-wide, so they may already exist (another database, an earlier run).
 DO $$
@@ -16,6 +20,9 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'exports_reconciler') THEN
         CREATE ROLE exports_reconciler NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'exports_retention') THEN
+        CREATE ROLE exports_retention NOLOGIN;
     END IF;
 END
 $$;
@@ -36,7 +43,8 @@ CREATE TABLE tenants (
 );
 
 -- A destination holds a *reference* to its credential (an environment variable or a key file
--- path), never the secret, and the partner's contract capabilities the evidence rules depend on.
+-- path), never the secret, the partner's contract capabilities the evidence rules depend on, and the
+-- partner's limits and the retry policy (many partners allow two or three sessions).
 CREATE TABLE destinations (
     id                      uuid PRIMARY KEY,
     tenant_id               uuid NOT NULL REFERENCES tenants (id),
@@ -53,7 +61,25 @@ CREATE TABLE destinations (
     read_back               boolean NOT NULL DEFAULT false,   -- contract allows downloading to hash
     active                  boolean NOT NULL DEFAULT true,
     created_at              timestamptz NOT NULL DEFAULT clock_timestamp(),
+    max_sessions            int NOT NULL DEFAULT 4 CHECK (max_sessions BETWEEN 1 AND 64),
+    auto_retries            int NOT NULL DEFAULT 3 CHECK (auto_retries BETWEEN 0 AND 20),   -- 0: off
     CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id)
+);
+
+-- One circuit per destination, shared by every worker host. Open after a connection failure: attempts
+-- defer without building until next_probe_at, when one attempt claims the probe (probe_attempt_id,
+-- until probe_until) and tries; a connection closes the circuit, a failed probe reopens it.
+CREATE TABLE destination_circuits (
+    destination_id    uuid PRIMARY KEY REFERENCES destinations (id),
+    state             text NOT NULL CHECK (state IN ('closed', 'open')),
+    opened_at         timestamptz,
+    next_probe_at     timestamptz,
+    probe_attempt_id  uuid,
+    probe_until       timestamptz,
+    failures          int  NOT NULL DEFAULT 0,         -- consecutive connection failures
+    last_error        text,                            -- a secret-free description of the last one
+    updated_at        timestamptz NOT NULL,
+    CONSTRAINT ck_destination_circuits_open CHECK ((state = 'open') = (next_probe_at IS NOT NULL))
 );
 
 CREATE TABLE contacts (
@@ -77,7 +103,7 @@ CREATE TABLE operator_access (
 );
 
 -- ---------------------------------------------------------------------------------------------
--- The reference design's five tables, exactly.
+-- The reference design's five tables: its columns exactly, then the few we add, after them.
 -- ---------------------------------------------------------------------------------------------
 
 CREATE TABLE export_jobs (
@@ -106,6 +132,15 @@ CREATE TABLE export_jobs (
     replacement_reason       text,                      -- replacements only: why, in the creator's words
     overwrite_agreement_ref  text,                      -- replacements only: the partner's recorded overwrite agreement
     sweep_count              int  NOT NULL DEFAULT 0,   -- times the sweeper republished this job
+    -- Ours. Filled by the default when export_create inserts the row: the operator views list the newest
+    -- jobs first by it, and outbox rows may be archived away by retention anyway.
+    created_at               timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- A job whose partner cannot be reached before cutoff 2 defers (goes back to Queued with a wake-up
+    -- due after a backoff): how often (recovery's attempt cap counts attempt_count - deferrals), since
+    -- when (the deferral budget counts from it), and the last cause.
+    deferrals                int  NOT NULL DEFAULT 0,
+    deferred_since           timestamptz,
+    last_deferral            text,
     CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id),
     CONSTRAINT ck_export_jobs_replacement CHECK ((replaces_job_id IS NULL) = (replacement_reason IS NULL)),
     CONSTRAINT ck_export_jobs_overwrite CHECK (overwrite_agreement_ref IS NULL OR replaces_job_id IS NOT NULL),
@@ -148,14 +183,29 @@ CREATE INDEX ix_export_jobs_lease ON export_jobs (lease_expires_at) WHERE status
 CREATE INDEX ix_export_jobs_woken ON export_jobs (woken_at) WHERE status = 'Queued';
 -- Operators list a tenant's jobs by state.
 CREATE INDEX ix_export_jobs_tenant_status ON export_jobs (tenant_id, status);
+-- exports list and watch show the newest jobs first, of everyone, of a tenant, or in a state (sorting
+-- by each job's first outbox row instead took 212 s at 100k jobs).
+CREATE INDEX ix_export_jobs_created ON export_jobs (created_at);
+CREATE INDEX ix_export_jobs_tenant_created ON export_jobs (tenant_id, created_at);
+CREATE INDEX ix_export_jobs_status_created ON export_jobs (status, created_at);
+-- Reconciliation pages through OutcomeUnknown jobs by id; they are few among many finished ones.
+CREATE INDEX ix_export_jobs_outcome_unknown ON export_jobs (id) WHERE status = 'OutcomeUnknown';
+-- The retry policy pages through recent proven non-deliveries, and looks at the other jobs of each one's
+-- delivery key (the newest, and how many it already created).
+CREATE INDEX ix_export_jobs_not_delivered ON export_jobs (created_at)
+    WHERE status = 'Failed' AND failure_reason = 'NotDelivered';
+CREATE INDEX ix_export_jobs_delivery_key ON export_jobs (tenant_id, delivery_key, created_at);
 
 CREATE TABLE export_attempt_events (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     job_id       uuid NOT NULL REFERENCES export_jobs (id),
     attempt_id   uuid NOT NULL,
+    -- DeferredPartnerUnavailable: the deferral's event, Running -> Queued for this attempt, its cause
+    -- in the detail.
     kind         text NOT NULL CHECK (kind IN ('Claimed', 'DeliveryAuthorized', 'Stopped', 'Failed',
                      'Finished', 'RequeuedByRecovery', 'StoppedByRecovery', 'AttemptsExhausted',
-                     'ResolvedByRecovery', 'Reconciled', 'Corrected', 'DeliveryEvidence')),
+                     'ResolvedByRecovery', 'Reconciled', 'Corrected', 'DeliveryEvidence',
+                     'DeferredPartnerUnavailable')),
     version      int,
     worker_id    text,
     observed_by  text,               -- for delivery evidence: the worker attempt or the recovery run
@@ -166,6 +216,10 @@ CREATE TABLE export_attempt_events (
 -- Each transition happens at most once per attempt; evidence may be appended many times.
 CREATE UNIQUE INDEX uq_attempt_transition ON export_attempt_events (job_id, attempt_id, kind)
     WHERE kind <> 'DeliveryEvidence';
+
+-- show reads one job's events, and recovery one attempt's delivery evidence (uq_attempt_transition
+-- leaves DeliveryEvidence out, so it cannot serve that read).
+CREATE INDEX ix_export_attempt_events_attempt ON export_attempt_events (job_id, attempt_id, id);
 
 CREATE TABLE cancellation_requests (
     tenant_id                     uuid NOT NULL,
@@ -191,16 +245,23 @@ ALTER TABLE cancellation_requests
     ADD CONSTRAINT ck_cancellation_requests_found_status CHECK (found_status IN ('Queued', 'Running', 'Delivering',
         'Canceled', 'Rejected', 'Stopped', 'Failed', 'Completed', 'OutcomeUnknown'));
 
+-- show reads one job's cancellation requests.
+CREATE INDEX ix_cancellation_requests_job ON cancellation_requests (tenant_id, job_id);
+
 CREATE TABLE outbox (
     message_id    uuid PRIMARY KEY,    -- a new ID for every row; reused only when the dispatcher retries this row
     kind          text NOT NULL,
     job_id        uuid NOT NULL,
     created_at    timestamptz NOT NULL,
-    published_at  timestamptz
+    published_at  timestamptz,
+    due_at        timestamptz          -- ours: a wake-up due later (a deferral's); NULL: due at once
 );
 
--- The relay pages through unpublished rows oldest first.
-CREATE INDEX ix_outbox_unpublished ON outbox (created_at) WHERE published_at IS NULL;
+-- The relay publishes a row once it is due, oldest due first.
+CREATE INDEX ix_outbox_unpublished ON outbox ((coalesce(due_at, created_at))) WHERE published_at IS NULL;
+-- show reads one job's outbox rows; retention pages through the oldest.
+CREATE INDEX ix_outbox_job ON outbox (job_id, created_at);
+CREATE INDEX ix_outbox_created ON outbox (created_at);
 
 -- Queue tables churn dead tuples (every claim, renewal and publication rewrites a row); vacuum them
 -- far sooner than the global defaults would.
@@ -235,16 +296,22 @@ CREATE TRIGGER tr_deliveries_append_only BEFORE UPDATE OR DELETE ON deliveries
 CREATE TRIGGER tr_deliveries_no_truncate BEFORE TRUNCATE ON deliveries
     FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
 
--- The outbox is insert-only apart from its publication status: nobody deletes, and an update may
--- change published_at alone.
+-- The outbox is insert-only apart from its publication status: an update may change published_at
+-- alone (due_at is written once with the row, like the other columns), and the only deletion is
+-- retention's, by a role of its own, of a published row: an unpublished row is a wake-up still owed.
+-- The relay's role deletes nothing, and the owner is refused every other change too.
 CREATE FUNCTION refuse_outbox_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'UPDATE'
-       AND (NEW.message_id, NEW.kind, NEW.job_id, NEW.created_at)
-           IS NOT DISTINCT FROM (OLD.message_id, OLD.kind, OLD.job_id, OLD.created_at) THEN
+       AND (NEW.message_id, NEW.kind, NEW.job_id, NEW.created_at, NEW.due_at)
+           IS NOT DISTINCT FROM (OLD.message_id, OLD.kind, OLD.job_id, OLD.created_at, OLD.due_at) THEN
         RETURN NEW;
     END IF;
-    RAISE EXCEPTION '% on outbox is not allowed: only published_at may change', TG_OP
+    IF TG_OP = 'DELETE' AND OLD.published_at IS NOT NULL
+       AND pg_has_role(current_user, 'exports_retention', 'USAGE') THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% on outbox is not allowed: only published_at may change, and only retention deletes a published row', TG_OP
         USING ERRCODE = 'insufficient_privilege';
 END
 $$;
@@ -305,6 +372,26 @@ CREATE TRIGGER tr_outbox_notify AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION notify_outbox();
 
 -- ---------------------------------------------------------------------------------------------
+-- Each long-running process (relay, worker, scheduler) records that it is alive, for `exports health`,
+-- `exports processes` and the metrics. The protocol never reads this table: a dead process is found
+-- by its lease or its outbox, not by its heartbeat.
+-- ---------------------------------------------------------------------------------------------
+
+CREATE TABLE process_heartbeats (
+    process_id   text PRIMARY KEY,               -- host:pid, the prefix of a worker's claimed_by
+    role         text NOT NULL CHECK (role IN ('relay', 'worker', 'scheduler')),
+    host         text NOT NULL,
+    pid          int  NOT NULL,
+    version      text NOT NULL,                  -- the exports release the process runs
+    started_at   timestamptz NOT NULL,
+    beat_at      timestamptz NOT NULL,
+    stopped_at   timestamptz                     -- set by a clean shutdown
+);
+
+-- The scheduler's pruning finds the processes dead for long by their last beat.
+CREATE INDEX ix_process_heartbeats_beat ON process_heartbeats (beat_at);
+
+-- ---------------------------------------------------------------------------------------------
 -- Grants. Every process connects under one of these roles, so a missing or excess grant fails a test.
 -- ---------------------------------------------------------------------------------------------
 
@@ -317,6 +404,7 @@ GRANT SELECT, INSERT, UPDATE ON export_jobs TO exports_app;
 GRANT SELECT, INSERT ON deliveries, export_attempt_events, cancellation_requests TO exports_app;
 GRANT SELECT, INSERT ON outbox TO exports_app;
 GRANT SELECT ON schema_version TO exports_app;
+GRANT SELECT, INSERT, UPDATE ON destination_circuits TO exports_app;
 
 -- exports_dispatcher: the relay reads the outbox and marks publication, nothing more.
 GRANT SELECT ON outbox TO exports_dispatcher;
@@ -327,4 +415,15 @@ GRANT SELECT ON export_jobs, export_attempt_events, tenants, operator_access TO 
 GRANT UPDATE (status, failure_reason) ON export_jobs TO exports_reconciler;
 GRANT INSERT ON export_attempt_events TO exports_reconciler;
 
-INSERT INTO schema_version (version) VALUES (1);
+-- exports_retention: `exports outbox archive` deletes published outbox rows past their retention
+-- (the outbox trigger refuses it an unpublished one).
+GRANT SELECT, DELETE ON outbox TO exports_retention;
+
+-- Heartbeats: every process beats, the relay as exports_dispatcher; the scheduler, as exports_app,
+-- prunes the processes dead for longer than the retention (heartbeat_prune), and nothing else deletes.
+GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, host, pid)
+    ON process_heartbeats TO exports_app, exports_dispatcher;
+GRANT DELETE ON process_heartbeats TO exports_app;
+
+-- The version this file is: the number of the last migration in app/store/migrations/.
+INSERT INTO schema_version (version) VALUES (5);

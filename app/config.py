@@ -65,6 +65,8 @@ class Settings:
     worker_metrics: str = "127.0.0.1:9463"
     #: Seconds between a process's heartbeats.
     heartbeat_seconds: float = 10.0
+    #: Seconds the scheduler keeps the heartbeat row of a process after it stopped or went silent.
+    heartbeat_retention_seconds: float = 7 * 86400.0
     #: Milliseconds an idle worker waits between polls of the broker: Dramatiq's default (1000) puts up to a
     #: second between a creation's commit and its claim; 50 keeps that p99 near 50 ms for about 300 idle
     #: Redis commands a second.
@@ -109,6 +111,7 @@ class Settings:
             scheduler_metrics=env.get("EXPORTS_SCHEDULER_METRICS") or "127.0.0.1:9462",
             worker_metrics=env.get("EXPORTS_WORKER_METRICS") or "127.0.0.1:9463",
             heartbeat_seconds=_number(env, "EXPORTS_HEARTBEAT_SECONDS", 10.0, minimum=0.1),
+            heartbeat_retention_seconds=_number(env, "EXPORTS_HEARTBEAT_RETENTION_SECONDS", 7 * 86400.0, minimum=1),
             worker_idle_poll_ms=int(_number(env, "EXPORTS_WORKER_IDLE_POLL_MS", 50, minimum=1)),
             defer_base_seconds=_number(env, "EXPORTS_DEFER_BASE_SECONDS", 5.0, minimum=0.05),
             defer_max_seconds=_number(env, "EXPORTS_DEFER_MAX_SECONDS", 300.0, minimum=0.05),

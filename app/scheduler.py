@@ -21,6 +21,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from app import logs, metrics
 from app.config import Settings, resolve_database_url
 from app.heartbeat import SILENT_INTERVALS, Heartbeat
+from app.maintenance.heartbeats import PRUNE_INTERVAL_SECONDS, HeartbeatPruner, PruneConfig
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
 from app.maintenance.retries import Retries, RetryConfig
 from app.maintenance.sweeper import Sweeper, SweeperConfig
@@ -56,6 +57,7 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
         ("reconciliation", recovery.reconcile_once, settings.recovery_interval_seconds),
         ("sweeper", Sweeper(db, SweeperConfig.from_settings(settings)).run_once, settings.sweep_interval_seconds),
         ("retries", Retries(db, RetryConfig.from_settings(settings)).run_once, settings.retry_interval_seconds),
+        ("heartbeats", HeartbeatPruner(db, PruneConfig.from_settings(settings)).run_once, PRUNE_INTERVAL_SECONDS),
     )
     for name, run, interval in services:
         scheduler.add_job(_run_logged(name, run), "interval", seconds=interval, id=name, name=name,

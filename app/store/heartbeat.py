@@ -51,7 +51,8 @@ def processes(conn: psycopg.Connection) -> list[ProcessRecord]:
         for r in connector.fetch_all(conn, "heartbeat_list")]
 
 
-def forget(conn: psycopg.Connection, *, silent_seconds: float) -> list[str]:
-    """Drops the records of processes silent for longer than ``silent_seconds``; returns their ids."""
-    return [r["process_id"] for r in connector.fetch_all(conn, "heartbeat_forget",
-                                                        dict(silent_seconds=silent_seconds))]
+def prune(conn: psycopg.Connection, *, retention_seconds: float, silent_seconds: float, batch_size: int) -> int:
+    """One batch: drops the rows of processes that stopped more than ``retention_seconds`` ago, or went
+    silent (no beat for ``silent_seconds``) that long ago; returns how many it dropped."""
+    return connector.execute(conn, "heartbeat_prune", dict(
+        retention_seconds=retention_seconds, silent_seconds=silent_seconds, batch_size=batch_size))

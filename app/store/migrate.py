@@ -1,10 +1,12 @@
 """``exports db migrate``: brings a database to this release's schema, once, under an advisory lock.
 
 ``schema.sql`` (at the top of the repository, shipped in the wheel as ``app/store/schema.sql``) is the
-first version: the reference design's tables, ours, the roles, grants and triggers. Each later change
-is a numbered file in ``app/store/migrations/`` (``0002_operator_views.sql``...), applied in order,
-each in the same transaction as the ``schema_version`` row that records it. A database at the latest
-version is left alone, so a second run is a no-op, and two migrators serialize on the lock.
+current schema, and records the version it is. A new database gets it in one step. A database made by an
+earlier release is brought to it by the numbered files in ``app/store/migrations/``: ``0001_initial.sql``
+is the first release's schema, and each later file (``0002_indexes_for_views_and_scans.sql``...) one
+change, applied in order after the version the database records, each in the same transaction as the
+``schema_version`` row that records it. A database at the latest version is left alone, so a second run
+is a no-op; one at a version this release does not know is refused; two migrators serialize on the lock.
 """
 
 from __future__ import annotations
@@ -20,9 +22,16 @@ from psycopg import errors as pg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from app.errors import ExportsError
+
 #: Any constant shared by all migrators; two concurrent runs serialize on it.
 _LOCK_KEY = 0x6578706F  # "expo"
 _MIGRATION = re.compile(r"^(?P<version>\d{4})_[a-z0-9_]+\.sql$")
+
+
+class SchemaTooNew(ExportsError):
+    """Raised when the database records a schema version newer than this release knows: a later
+    release migrated it, and this one must not run against it (nor write an older schema over it)."""
 
 
 @dataclass(frozen=True)
@@ -36,10 +45,9 @@ class Step:
 
 
 def steps() -> list[Step]:
-    """Every version this release knows, in order: the schema file, then the migrations."""
-    package = resources.files("app.store")
-    found = [Step(1, "schema.sql", package / "schema.sql")]
-    for entry in (package / "migrations").iterdir():
+    """Every migration this release knows, in order, from ``0001_initial.sql`` (the first release's schema)."""
+    found = []
+    for entry in (resources.files("app.store") / "migrations").iterdir():
         match = _MIGRATION.match(entry.name)
         if match:
             found.append(Step(int(match["version"]), entry.name, entry))
@@ -50,21 +58,37 @@ def steps() -> list[Step]:
     return found
 
 
-#: The schema version this release runs against.
+#: The schema version this release runs against: the last migration's, which schema.sql records.
 SCHEMA_VERSION = len(steps())
 
 
+def schema() -> Step:
+    """``schema.sql``: the whole current schema, as one step from an empty database."""
+    return Step(SCHEMA_VERSION, "schema.sql", resources.files("app.store") / "schema.sql")
+
+
 def migrate(url: str) -> bool:
-    """Applies every step the database lacks; True when one was applied, False when it was up to date."""
+    """Applies what the database lacks; True when something was applied, False when it was up to date.
+    Raises SchemaTooNew, changing nothing, for a database at a version newer than this release's."""
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             current = current_version(conn)
+            if current > SCHEMA_VERSION:
+                raise SchemaTooNew(f"the database is at schema version {current}, newer than this release's "
+                                   f"{SCHEMA_VERSION}: run the release that migrated it, or a later one")
+            if current == 0:
+                step = schema()
+                conn.execute(step.text())   # records its own version
+                recorded = current_version(conn)
+                if recorded != SCHEMA_VERSION:
+                    raise RuntimeError(f"schema.sql records version {recorded}, but the last migration is "
+                                       f"{SCHEMA_VERSION}: the two must change together")
+                return True
             pending = [step for step in steps() if step.version > current]
             for step in pending:
                 conn.execute(step.text())
-                if step.version > 1:   # schema.sql records version 1 itself
-                    conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (step.version,))
+                conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (step.version,))
             return bool(pending)
 
 

@@ -2,7 +2,7 @@
 
 -- name: heartbeat_beat
 -- A conditional upsert: a process that was recorded as stopped never comes back under its id (a pid
--- reused after a restart is a new process only once the old row is forgotten), so a late beat from a
+-- reused after a restart is a new process only once the old row is pruned), so a late beat from a
 -- process that already said goodbye changes nothing.
 INSERT INTO process_heartbeats AS h (process_id, role, host, pid, version, started_at, beat_at)
 VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(version)s, %(started_at)s, clock_timestamp())
@@ -31,8 +31,21 @@ LEFT JOIN export_jobs j
 GROUP BY h.process_id
 ORDER BY h.role, h.host, h.pid;
 
--- name: heartbeat_forget
--- Drops the rows of processes silent for longer than the given time (dead or long stopped).
-DELETE FROM process_heartbeats
-WHERE beat_at < (SELECT clock_timestamp() - make_interval(secs => %(silent_seconds)s))
-RETURNING process_id;
+-- name: heartbeat_prune
+-- One batch of the rows of processes dead for longer than the retention. A process died when it stopped
+-- (stopped_at) or when it went silent (its last beat plus the silent limit); one that beats is never
+-- taken, whatever the retention. A beat never follows a stop, so beat_at <= stopped_at and the bound on
+-- beat_at, computed once (a scalar subquery), reaches every row due while it bounds the scan of
+-- ix_process_heartbeats_beat. SKIP LOCKED leaves a row a beat is writing to the next run instead of
+-- waiting for it, and the DELETE re-checks the death it found, so of two schedulers one deletes a row.
+DELETE FROM process_heartbeats h
+WHERE h.process_id IN (
+    SELECT process_id FROM process_heartbeats
+    WHERE beat_at < (SELECT clock_timestamp() - make_interval(secs => %(retention_seconds)s))
+      AND coalesce(stopped_at, beat_at + make_interval(secs => %(silent_seconds)s))
+          < (SELECT clock_timestamp() - make_interval(secs => %(retention_seconds)s))
+    ORDER BY beat_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED)
+  AND coalesce(h.stopped_at, h.beat_at + make_interval(secs => %(silent_seconds)s))
+      < (SELECT clock_timestamp() - make_interval(secs => %(retention_seconds)s));

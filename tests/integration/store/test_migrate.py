@@ -1,9 +1,16 @@
-"""``exports db migrate`` brings any earlier database to this release's schema once, and the scans the
-scheduler and the operator views run are index scans whatever the size of the history."""
+"""``exports db migrate`` gives a new database ``schema.sql`` in one step and brings any earlier database,
+from the first release's schema on, to the same schema through the numbered migrations; it refuses a
+database newer than this release. And the scans the scheduler and the operator views run are index scans
+whatever the size of the history."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import shutil
+import subprocess
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -11,44 +18,173 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from app.store import connector, migrate
-from tests.conftest import _CATALOG_FINGERPRINT
+from tests.support import unavailable
+
+#: Lines a dump of the same schema may differ by. pg_dump 15.14, 16.10 and 17.6 and later open and close
+#: a dump with ``\restrict KEY`` / ``\unrestrict KEY`` (psql refuses meta-commands in between), and KEY
+#: is random on every run unless given; nothing else in a schema-only dump depends on the database.
+_RANDOM_PER_DUMP = re.compile(r"^\\(un)?restrict \S+$", re.MULTILINE)
+_CREATE_ROLE = re.compile(r"CREATE ROLE (\w+)")
+
+#: Every privilege held on an object of the database, by grantee, from the catalog rather than a dump:
+#: tables, sequences and views, their columns, functions, the schema, and default privileges.
+_PRIVILEGES = """
+WITH acl (kind, object, item) AS (
+    SELECT 'relation', c.relname::text, aclexplode(c.relacl) FROM pg_class c
+    WHERE c.relnamespace = 'public'::regnamespace
+    UNION ALL
+    SELECT 'column', c.relname || '.' || a.attname, aclexplode(a.attacl) FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid WHERE c.relnamespace = 'public'::regnamespace
+    UNION ALL
+    SELECT 'function', p.oid::regprocedure::text, aclexplode(p.proacl) FROM pg_proc p
+    WHERE p.pronamespace = 'public'::regnamespace
+    UNION ALL
+    SELECT 'schema', n.nspname::text, aclexplode(n.nspacl) FROM pg_namespace n WHERE n.nspname = 'public'
+    UNION ALL
+    SELECT 'default ' || d.defaclobjtype::text, coalesce(d.defaclnamespace::regnamespace::text, '*'),
+           aclexplode(d.defaclacl) FROM pg_default_acl d)
+SELECT kind, object,
+       CASE WHEN (item).grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid((item).grantee) END AS grantee,
+       (item).privilege_type, (item).is_grantable
+FROM acl ORDER BY 1, 2, 3, 4, 5
+"""
+
+
+def _create(server_url: str) -> str:
+    name = f"exports_m_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as server:
+        server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name
+
+
+def _drop(server_url: str, name: str) -> None:
+    with psycopg.connect(server_url, autocommit=True) as server:
+        server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture
 def empty_db(pg_server_url):
-    name = f"exports_m_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as server:
-        server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    name = _create(pg_server_url)
     yield make_conninfo(pg_server_url, dbname=name)
-    with psycopg.connect(pg_server_url, autocommit=True) as server:
-        server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    _drop(pg_server_url, name)
 
 
-def _fingerprint(url: str) -> str:
+@pytest.fixture(scope="module")
+def new_db(pg_server_url):
+    """A database given schema.sql by ``migrate``, as a new installation is; its schema never changes
+    under a test, so the module's tests share it."""
+    name = _create(pg_server_url)
+    url = make_conninfo(pg_server_url, dbname=name)
+    assert migrate.migrate(url) is True
+    yield url
+    _drop(pg_server_url, name)
+
+
+@pytest.fixture(scope="module")
+def pg_dump(pg_server_url) -> Path:
+    """A pg_dump of the server's major version: an older one refuses a newer server, and a newer one
+    writes a dump of its own dialect. The server's own bin directory first (the embedded server's is in
+    the pgserver package), then the usual places."""
+    with psycopg.connect(pg_server_url) as conn:
+        major = conn.info.server_version // 10000
+        bindir = conn.execute("SELECT setting FROM pg_config WHERE name = 'BINDIR'").fetchone()[0]
+    candidates = [Path(bindir) / "pg_dump"]
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin is not None:
+        candidates.append(Path(spec.origin).parent / "pginstall" / "bin" / "pg_dump")
+    candidates.append(Path(f"/usr/lib/postgresql/{major}/bin/pg_dump"))
+    on_path = shutil.which("pg_dump")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file():
+            version = subprocess.run([candidate, "--version"], capture_output=True, text=True, check=True).stdout
+            found = re.search(r"\) (\d+)", version)
+            if found and int(found[1]) == major:
+                return candidate
+    unavailable(f"no pg_dump of PostgreSQL {major}, the server's version, among {', '.join(map(str, candidates))}")
+
+
+def _dump(pg_dump: Path, url: str) -> str:
+    done = subprocess.run([pg_dump, "--schema-only", "--dbname", url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return _RANDOM_PER_DUMP.sub("", done.stdout)
+
+
+def _privileges(url: str) -> list[tuple]:
     with psycopg.connect(url) as conn:
-        return conn.execute(_CATALOG_FINGERPRINT).fetchone()[0]
+        return conn.execute(_PRIVILEGES).fetchall()
 
 
-def test_a_new_database_is_migrated_to_the_latest_version_and_a_second_run_changes_nothing(empty_db):
+def _versions(url: str) -> list[int]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")]
+
+
+def _at_version(url: str, version: int) -> None:
+    """The database as the release that ran migration ``version`` left it: 0001, then each later one with
+    the row that records it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for step in migrate.steps()[:version]:
+            with conn.transaction():
+                conn.execute(step.text())
+                if step.version > 1:   # 0001, the first release's schema.sql, records itself
+                    conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (step.version,))
+        assert migrate.current_version(conn) == version
+
+
+def test_a_new_database_gets_the_schema_file_in_one_step_and_a_second_run_changes_nothing(empty_db):
     assert migrate.migrate(empty_db) is True
     assert migrate.migrate(empty_db) is False
 
-    with psycopg.connect(empty_db) as conn:
-        assert migrate.current_version(conn) == migrate.SCHEMA_VERSION > 1
+    assert migrate.SCHEMA_VERSION > 1
+    assert _versions(empty_db) == [migrate.SCHEMA_VERSION]
 
 
-def test_a_database_at_the_first_version_is_upgraded_to_the_same_schema_as_a_new_one(empty_db, db_url):
-    first, *later = migrate.steps()
-    with psycopg.connect(empty_db, autocommit=True) as conn:
-        conn.execute(first.text())
-        assert migrate.current_version(conn) == 1
+@pytest.mark.parametrize("version", range(1, migrate.SCHEMA_VERSION))
+def test_a_database_at_an_earlier_version_is_upgraded_to_the_same_schema_as_a_new_one(
+        empty_db, new_db, pg_dump, version):
+    _at_version(empty_db, version)
 
     assert migrate.migrate(empty_db) is True
+    assert migrate.migrate(empty_db) is False
 
-    assert _fingerprint(empty_db) == _fingerprint(db_url)
-    with psycopg.connect(empty_db) as conn:
-        versions = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")]
-    assert versions == [step.version for step in [first, *later]]
+    assert _versions(empty_db) == list(range(1, migrate.SCHEMA_VERSION + 1))
+    upgraded, new = _dump(pg_dump, empty_db), _dump(pg_dump, new_db)
+    assert "CREATE TABLE public.process_heartbeats" in new   # a dump of the whole schema, not of nothing
+    assert upgraded == new
+
+
+def test_a_database_upgraded_from_the_first_version_grants_every_role_what_a_new_one_does(empty_db, new_db):
+    _at_version(empty_db, 1)
+    migrate.migrate(empty_db)
+
+    new = _privileges(new_db)
+    # Every role holds something; roles themselves are the cluster's, shared by both databases.
+    assert {"exports_app", "exports_dispatcher", "exports_reconciler", "exports_retention"} <= {r[2] for r in new}
+    assert _privileges(empty_db) == new
+
+
+def test_the_schema_file_creates_every_role_the_migrations_create():
+    # Roles are the cluster's: both databases of the tests above see every role whichever file created it,
+    # so a role only the migrations create would go unnoticed there and be missing from a new cluster.
+    by_migrations = {role for step in migrate.steps() for role in _CREATE_ROLE.findall(step.text())}
+
+    assert "exports_retention" in by_migrations
+    assert set(_CREATE_ROLE.findall(migrate.schema().text())) == by_migrations
+
+
+def test_a_database_newer_than_this_release_is_refused_and_left_as_it_was(empty_db, pg_dump):
+    migrate.migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (migrate.SCHEMA_VERSION + 1,))
+    before = _dump(pg_dump, empty_db)
+
+    with pytest.raises(migrate.SchemaTooNew, match=f"schema version {migrate.SCHEMA_VERSION + 1}, newer than"):
+        migrate.migrate(empty_db)
+
+    assert _versions(empty_db) == [migrate.SCHEMA_VERSION, migrate.SCHEMA_VERSION + 1]
+    assert _dump(pg_dump, empty_db) == before
 
 
 def test_the_steps_run_from_one_without_gaps():

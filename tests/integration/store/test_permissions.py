@@ -180,6 +180,17 @@ def test_the_retention_role_may_read_and_delete_outbox_rows_and_nothing_more(cat
                    for table in ("export_jobs", "export_attempt_events", "cancellation_requests"))
 
 
+# --- heartbeats: only the scheduler's role prunes -----------------------------------------------------
+
+
+@pytest.mark.parametrize("role", list(Role), ids=lambda r: r.value)
+def test_only_the_application_role_may_delete_heartbeats_and_no_role_may_truncate_them(catalog, role):
+    # The scheduler prunes the processes dead for long (heartbeat_prune) as exports_app; the relay beats
+    # as exports_dispatcher and must not remove another process's record.
+    assert _privilege(catalog, role, "process_heartbeats", "DELETE") is (role is Role.APP)
+    assert not _privilege(catalog, role, "process_heartbeats", "TRUNCATE")
+
+
 # --- the triggers stop even the owner ----------------------------------------------------------------
 
 
