@@ -14,6 +14,7 @@ from uuid import UUID
 import psycopg
 
 from app.config import Settings, resolve_database_url, resolve_reconciler_url
+from app.errors import ExportsError
 from app.store.database import connect
 from app.store.types import Role, Status
 from app.store.views import Views
@@ -48,8 +49,9 @@ MAX_TEXT = 2000
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-class CliError(Exception):
-    """Raised to end a command with a one-line message and an exit code; nothing more is printed."""
+class CliError(ExportsError):
+    """Raised when a command ends with a one-line answer and the exit code it carries (``bad_input``,
+    ``not_found``, ``refused``); nothing more is printed, and ``data`` joins the line with --json."""
 
     def __init__(self, code: int, message: str, **data: object):
         super().__init__(message)
