@@ -16,7 +16,8 @@ LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ExportsError, ValueError):
-    """Raised when an EXPORTS_* variable has a value we cannot use; the message names it."""
+    """Raised when a setting has a value we cannot use: an EXPORTS_* variable (the message names it), or
+    a policy built from them. Also a ``ValueError``, which is what a bad value is."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:

@@ -1,11 +1,38 @@
-"""The root of every error the application raises on purpose.
+"""The root of every error the application raises on purpose, and the tree that grows from it.
 
-Each module's own errors derive from ``ExportsError`` (a ``ConfigError`` for a setting, a ``StoreError``
-for an impossible row count, a ``DestinationError`` for a destination that cannot be reached as
-configured, a ``BuildFailed`` for a build, a ``CliError`` for an operator's input...), so a caller can
-catch the application's errors apart from a library's or a bug.
+Each error lives beside the code that raises it and derives from ``ExportsError``, so a caller can tell
+the application's errors from a library's or a bug, and ``exports`` (``app.cli.common.ERROR_EXITS``)
+turns each into an exit code::
+
+    ExportsError                    app/errors.py
+        ConfigError (ValueError)    app/config.py            a setting we cannot use: an EXPORTS_* variable,
+                                                              the broker URL, a deferral policy
+        StoreError                  app/store/errors.py      a row count the statement's conditions make impossible
+            ChangedUnderLock                                 a row changed while we held its lock
+        DestinationError            app/delivery/errors.py   a destination that cannot be used as configured
+            InvalidDestination                               a setting out of bounds (port, timeouts, sessions)
+            CredentialError                                  a credential reference malformed or unresolvable
+            HostKeyError                                     a host key line unparseable, or not fetchable
+            HostKeyMismatch                                  the server presented another key than the pinned one
+            SessionLimitReached                              every session slot to the partner is held
+            EvidenceNotRecorded                              the baseline could not be appended: no upload
+            UploadMismatch                                   the uploaded temporary file is not the expected one
+        BuildError                  app/actors/builder.py    the export file was not built
+            BuildStopped                                     the stop signal ended the build
+            BuildFailed                                      the data, the query or the disk failed it
+            BuildInterrupted                                 the database failed transiently on every try
+        ClaimUnknown                app/actors/export.py     the claim and its re-read both failed
+        EvidenceNotAppended         app/actors/runner.py     delivery evidence matched no export row
+        CliError                    app/cli/common.py        a command's one-line answer and its exit code
+
+Not in the tree, deliberately: an ``AssertionError`` (``assert_never``) for a state the code makes
+impossible, which is a bug to fix rather than an answer to give; and the ``ValueError`` of a parser of one
+value (``app.metrics.parse_address``, an evidence detail, an enum's value), raised as ``int()`` raises it,
+which its caller turns into an answer.
+
+This module is the bottom layer: it imports nothing from the application.
 """
 
 
 class ExportsError(Exception):
-    """Base class of the application's own errors."""
+    """Base class of the application's own errors: raised only through one of its subclasses."""

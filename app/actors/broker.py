@@ -23,7 +23,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from app import logs
 from app.actors.dedup import Deduplicate, LocalSeen, RedisSeen
-from app.config import Settings
+from app.config import BROKER_SCHEMES, ConfigError, Settings
 
 log = logs.get(__name__)
 
@@ -70,7 +70,7 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
         broker = RabbitmqBroker(url=url, confirm_delivery=True)
         broker.add_middleware(Deduplicate(LocalSeen()))
     else:
-        raise ValueError("EXPORTS_BROKER_URL must start with redis:// or amqp://")
+        raise ConfigError(f"EXPORTS_BROKER_URL must start with one of {', '.join(BROKER_SCHEMES)}")
     return broker
 
 

@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import assert_never
 from uuid import UUID
 
 import psycopg
@@ -30,6 +31,7 @@ import psycopg
 from app import logs, metrics
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.errors import ExportsError
 from app.store import errors
 from app.store import worker as worker_reads
 from app.store.database import Database
@@ -41,7 +43,12 @@ APPLICATION_NAME = "exports-builder"
 #: Connections a worker process's builds share: one per build in progress, at most.
 POOL_SIZE = 8
 
-class BuildStopped(Exception):
+class BuildError(ExportsError):
+    """Raised when a build did not produce its file, through one of the three subclasses below; nothing
+    left the process."""
+
+
+class BuildStopped(BuildError):
     """Raised when the attempt's stop signal ended the build; the partial file is already removed."""
 
     def __init__(self, reason: StopReason) -> None:
@@ -49,11 +56,11 @@ class BuildStopped(Exception):
         self.reason = reason
 
 
-class BuildFailed(Exception):
-    """Raised for every other failure of a build (the cause is chained); nothing left the process."""
+class BuildFailed(BuildError):
+    """Raised when the data, the query or the local disk failed the build (the cause is chained)."""
 
 
-class BuildInterrupted(Exception):
+class BuildInterrupted(BuildError):
     """Raised when the database kept failing transiently through every try; the cause is chained. Not
     a failure of the export: the attempt writes nothing and recovery takes it over."""
 
@@ -155,7 +162,8 @@ class ContactsBuilder:
 
     def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal) -> tuple[int, bytes, int]:
         if scope is not Scope.CONSENTING_CONTACTS:
-            raise ValueError(f"unsupported scope {scope!r}")
+            # A scope with no query here is a bug mypy points at, not an input to refuse.
+            assert_never(scope)
         self._check(stop)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from app import logs, metrics
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.store import partner
 from app.store.database import Database
 from app.store.partner import Circuit
@@ -68,9 +68,9 @@ class DeferralPolicy:
 
     def __post_init__(self) -> None:
         if not 0 < self.base_seconds <= self.max_seconds:
-            raise ValueError("the deferral backoff needs 0 < base_seconds <= max_seconds")
+            raise ConfigError("the deferral backoff needs 0 < base_seconds <= max_seconds")
         if self.total_seconds <= 0 or self.probe_seconds <= 0:
-            raise ValueError("total_seconds and probe_seconds must be positive")
+            raise ConfigError("total_seconds and probe_seconds must be positive")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeferralPolicy:

@@ -40,6 +40,7 @@ from app.actors.slots import DatabaseSlots
 from app.actors.watcher import StopWatcher
 from app.config import Settings, resolve_database_url
 from app.delivery.sessions import SessionPool
+from app.errors import ExportsError
 from app.store.database import Database
 from app.store.types import Role
 
@@ -62,7 +63,7 @@ ACTOR_OPTIONS = dict(time_limit=TIME_LIMIT_MS, max_retries=MAX_RETRIES, min_back
                      max_backoff=MAX_BACKOFF_MS)
 
 
-class ClaimUnknown(Exception):
+class ClaimUnknown(ExportsError):
     """Raised when the claim and its re-read both failed: the message stays unsettled and is retried."""
 
 

@@ -36,6 +36,7 @@ from app.delivery.destination import Destination, Ready, Refused, Unreachable
 from app.delivery.errors import EvidenceNotRecorded
 from app.delivery.evidence import Evidence
 from app.delivery.sessions import SessionPool
+from app.errors import ExportsError
 from app.store import export
 from app.store.database import Database
 from app.store.partner import Circuit
@@ -54,6 +55,11 @@ from app.store.worker import JobView, read_job, read_original_expected
 log = logs.get(__name__)
 
 _CLAIM_LABEL = {ClaimResult.CLAIMED: "won", ClaimResult.LOST: "lost", ClaimResult.UNKNOWN: "unknown"}
+
+
+class EvidenceNotAppended(ExportsError):
+    """Raised when delivery evidence matched no export row, so nothing was appended: before the upload
+    this keeps the upload from starting (the destination raises ``EvidenceNotRecorded``)."""
 
 
 @dataclass(frozen=True)
@@ -333,4 +339,4 @@ class ExportRunner:
         with self.db.connection() as conn:
             if not export.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
                                         detail=detail):
-                raise RuntimeError("delivery evidence was not appended")
+                raise EvidenceNotAppended(f"delivery evidence for export {job_id} matched no export row")

@@ -39,15 +39,21 @@ class HeldSlot:
             return
         self._released = True
         try:
-            if not partner.release_slot(self._conn, destination_id=self.destination_id, slot=self.slot):
-                raise RuntimeError("the slot was not held")
-        except Exception as exc:
-            # Closing the session releases every lock it holds; the pool discards a closed connection.
-            log.warning("slots.release_failed", destination_id=self.destination_id, slot=self.slot,
-                        error=type(exc).__name__)
-            self._conn.close()
+            why = self._unlock()
+            if why is not None:
+                # Closing the session releases every lock it holds; the pool discards a closed connection.
+                log.warning("slots.release_failed", destination_id=self.destination_id, slot=self.slot, error=why)
+                self._conn.close()
         finally:
             self._checkout.__exit__(None, None, None)
+
+    def _unlock(self) -> str | None:
+        """None once the advisory lock is released; else why its release is not confirmed."""
+        try:
+            held = partner.release_slot(self._conn, destination_id=self.destination_id, slot=self.slot)
+        except Exception as exc:
+            return type(exc).__name__
+        return None if held else "NotHeld"
 
     def __repr__(self) -> str:
         return f"HeldSlot(destination_id={self.destination_id}, slot={self.slot})"

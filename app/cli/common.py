@@ -1,19 +1,23 @@
-"""What every ``exports`` subcommand shares: exit codes, the one-line error, argument types that
-refuse hostile input before it reaches the database, the parsers' common shape, and the context that
-resolves the database."""
+"""What every ``exports`` subcommand shares: the exit codes and the one table that maps the application's
+errors to them, the one-line error, argument types that refuse hostile input before it reaches the
+database, the parsers' common shape (each leaf's ``--help`` lists the exit codes it can return), and the
+context that resolves the database."""
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator
+import textwrap
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from uuid import UUID
 
 import psycopg
 
-from app.config import Settings, resolve_database_url, resolve_reconciler_url
+from app.config import ConfigError, Settings, resolve_database_url, resolve_reconciler_url
+from app.errors import ExportsError
 from app.store.database import connect
 from app.store.types import Role, Status
 from app.store.views import Views
@@ -22,7 +26,7 @@ from app.store.views import Views
 EXIT_OK = 0
 #: Something unexpected (the database unreachable, a bug); the one-line message says what.
 EXIT_FAILURE = 1
-#: Bad input: a malformed id, an unknown status, a hostile or oversized string, a bad CSV row.
+#: Bad input: a malformed id, an unknown status, a hostile or oversized string, a bad CSV row, a setting.
 EXIT_BAD_INPUT = 2
 #: Not found: no such job, tenant or destination. Another tenant's job answers exactly like a missing one.
 EXIT_NOT_FOUND = 3
@@ -32,14 +36,19 @@ EXIT_REFUSED = 4
 #: Busy: the job's row was locked past the lock timeout; nothing was recorded. Retry with the same request id.
 EXIT_BUSY = 75
 
-EXIT_CODES_HELP = f"""exit codes:
-  {EXIT_OK}   done (every recorded cancellation outcome included)
-  {EXIT_FAILURE}   unexpected failure (database unreachable, ...)
-  {EXIT_BAD_INPUT}   bad input (malformed id, unknown status, hostile or oversized text)
-  {EXIT_NOT_FOUND}   not found (another tenant's job looks exactly like a missing one)
-  {EXIT_REFUSED}   refused or conflict (operator not granted for the tenant, NotChanged,
-      RequestIdReused, replacement not allowed or slot taken)
-  {EXIT_BUSY}  busy: nothing recorded; retry with the same --request-id"""
+#: What each exit code means, as ``exports --help`` lists them all and each command's ``--help`` its own.
+EXIT_MEANINGS = {
+    EXIT_OK: "done (every recorded cancellation outcome included)",
+    EXIT_FAILURE: "unexpected failure (database unreachable, ...)",
+    EXIT_BAD_INPUT: "bad input (malformed id, unknown status, hostile or oversized text, a bad EXPORTS_* setting)",
+    EXIT_NOT_FOUND: "not found (another tenant's job looks exactly like a missing one)",
+    EXIT_REFUSED: "refused or conflict (operator not granted for the tenant, NotChanged, RequestIdReused, "
+                  "replacement not allowed or slot taken)",
+    EXIT_BUSY: "busy: nothing recorded; retry with the same --request-id",
+}
+#: The codes every command can end with: done, a surprise, and bad input (a usage error, which argparse
+#: refuses before the handler runs, or an EXPORTS_* setting we cannot use).
+EVERY_COMMAND = (EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT)
 
 #: Longest accepted name (tenants, destinations, operators), matching the schema's CHECKs.
 MAX_NAME = 200
@@ -48,8 +57,9 @@ MAX_TEXT = 2000
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-class CliError(Exception):
-    """Raised to end a command with a one-line message and an exit code; nothing more is printed."""
+class CliError(ExportsError):
+    """Raised when a command ends with a one-line answer and the exit code it carries (``bad_input``,
+    ``not_found``, ``refused``, ``busy``); nothing more is printed, and ``data`` joins the line with --json."""
 
     def __init__(self, code: int, message: str, **data: object):
         super().__init__(message)
@@ -58,20 +68,75 @@ class CliError(Exception):
         self.data = data
 
 
-def bad_input(message: str) -> CliError:
-    return CliError(EXIT_BAD_INPUT, message)
+def bad_input(message: str, **data: object) -> CliError:
+    return CliError(EXIT_BAD_INPUT, message, **data)
 
 
-def not_found(message: str) -> CliError:
-    return CliError(EXIT_NOT_FOUND, message)
+def not_found(message: str, **data: object) -> CliError:
+    return CliError(EXIT_NOT_FOUND, message, **data)
 
 
 def refused(message: str, **data: object) -> CliError:
     return CliError(EXIT_REFUSED, message, **data)
 
 
+def busy(message: str, **data: object) -> CliError:
+    return CliError(EXIT_BUSY, message, **data)
+
+
+#: The exit code each of the application's other errors ends a command with, most specific first: the
+#: first class the error is an instance of wins. A CliError carries its own code; an error outside the
+#: tree (a library's, a bug) is EXIT_FAILURE. The store answers with values, not errors, so what a write
+#: matched maps to a code in its handler, deliberately.
+ERROR_EXITS: tuple[tuple[type[ExportsError], int], ...] = (
+    # A setting this command needs (a broker for a relay, the reconciler's login...) is the operator's input.
+    (ConfigError, EXIT_BAD_INPUT),
+    # An impossible row count (StoreError), an unusable destination...: unexpected, said in one line.
+    (ExportsError, EXIT_FAILURE),
+)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The code ``exc`` ends a command with (see ``ERROR_EXITS``)."""
+    if isinstance(exc, CliError):
+        return exc.code
+    return next((code for kind, code in ERROR_EXITS if isinstance(exc, kind)), EXIT_FAILURE)
+
+
+class Exit(NamedTuple):
+    """An exit code with what it means for one command, where that is not ``EXIT_MEANINGS``'s."""
+
+    code: int
+    meaning: str
+
+
+def exit_meanings(exits: Iterable[int | Exit]) -> dict[int, str]:
+    """``EVERY_COMMAND``'s codes and ``exits``, each with its meaning, in code order."""
+    meanings = {code: EXIT_MEANINGS[code] for code in EVERY_COMMAND}
+    for code in exits:
+        if isinstance(code, Exit):
+            meanings[code.code] = code.meaning
+        else:
+            meanings[code] = EXIT_MEANINGS[code]
+    return dict(sorted(meanings.items()))
+
+
+def exit_codes_help(meanings: Mapping[int, str]) -> str:
+    """The ``exit codes:`` block of a ``--help``."""
+    lines = ["exit codes:"]
+    lines += [textwrap.fill(meaning, width=100, initial_indent=f"  {code:<4}", subsequent_indent=" " * 6)
+              for code, meaning in meanings.items()]
+    return "\n".join(lines)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2, never the usage block."""
+    """argparse, but a usage error is one line on stderr and exit code 2, never the usage block. A
+    command's parser knows the exit codes its ``--help`` lists (``command``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        #: The exit codes this command can end with, and what each means (``command`` sets them).
+        self.exits: dict[int, str] = {}
 
     def error(self, message: str) -> None:   # type: ignore[override]
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {printable(message)}\n")
@@ -157,21 +222,27 @@ seconds_arg.__name__ = "seconds"
 
 
 def command(subparsers: argparse._SubParsersAction, name_: str, *, help_: str, description: str,
-            json_output: bool = True) -> Parser:
-    """A command that runs a handler: ``--json`` where it prints a document, and the exit codes at the
-    end of its ``--help``."""
+            exits: Iterable[int | Exit] = (), json_output: bool = True) -> Parser:
+    """A command that runs a handler: ``--json`` where it prints a document, and at the end of its
+    ``--help`` the exit codes it can end with: ``EVERY_COMMAND``'s and ``exits`` (an ``Exit`` where a
+    code means something of its own for this command)."""
     parents = []
     if json_output:
         json_option = argparse.ArgumentParser(add_help=False)
         json_option.add_argument("--json", action="store_true", help="print one JSON document instead of text")
         parents.append(json_option)
-    return subparsers.add_parser(name_, help=help_, description=description, parents=parents,
-                                 epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    meanings = exit_meanings(exits)
+    parser: Parser = subparsers.add_parser(name_, help=help_, description=description, parents=parents,
+                                           epilog=exit_codes_help(meanings),
+                                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.exits = meanings
+    return parser
 
 
-def job_command(subparsers: argparse._SubParsersAction, name_: str, help_: str, description: str) -> Parser:
-    """A command about one export: its id, and the tenant it must belong to."""
-    p = command(subparsers, name_, help_=help_, description=description)
+def job_command(subparsers: argparse._SubParsersAction, name_: str, help_: str, description: str,
+                exits: Iterable[int | Exit] = ()) -> Parser:
+    """A command about one export: its id, and the tenant it must belong to (so it can answer not found)."""
+    p = command(subparsers, name_, help_=help_, description=description, exits=(EXIT_NOT_FOUND, *exits))
     p.add_argument("job", type=uuid_arg, metavar="JOB", help="the export's id")
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     return p

@@ -10,13 +10,13 @@ from typing import assert_never
 
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
-    EXIT_BAD_INPUT,
     EXIT_BUSY,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
-    CliError,
     Context,
+    bad_input,
+    busy,
     command,
     job_command,
     name,
@@ -52,7 +52,8 @@ _OUTCOME_TEXT = {
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "create", help_="queue an export of a tenant's contacts",
-                description="Queue an export of the tenant's contacts to a destination; prints its id.")
+                description="Queue an export of the tenant's contacts to a destination; prints its id.",
+                exits=(EXIT_NOT_FOUND, EXIT_REFUSED))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
     p.add_argument("--by", required=True, type=name, help="the operator")
@@ -61,7 +62,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = job_command(commands, "cancel", "cancel an export, or request that it stop",
                     "Record a cancellation request. Queued: canceled. Being built: stop requested. Delivery "
                     "authorized: too late (recorded, not obeyed). Every recorded outcome exits 0. The request id is "
-                    "printed; after a busy answer (75) retry with the same --request-id.")
+                    "printed; after a busy answer (75) retry with the same --request-id.",
+                    exits=(EXIT_REFUSED, EXIT_BUSY))
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--request-id", type=uuid_arg, help="the click's id (minted and printed when not given)")
     p.add_argument("--reason", type=text())
@@ -70,7 +72,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cancel)
 
     p = job_command(commands, "edit", "change a queued export's destination",
-                    "Change a queued export's destination, at the version you saw (see show).")
+                    "Change a queued export's destination, at the version you saw (see show).",
+                    exits=(EXIT_REFUSED,))
     p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
     p.add_argument("--expected-version", required=True, type=positive_int(2**31 - 1))
     p.add_argument("--by", required=True, type=name, help="the operator")
@@ -78,14 +81,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     p = job_command(commands, "replace", "queue a replacement delivery for an export",
                     "Queue a replacement of an export that ended OutcomeUnknown or failed without finalizing a file. "
-                    "Naming a replacement means its original.")
+                    "Naming a replacement means its original.", exits=(EXIT_REFUSED,))
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--reason", required=True, type=text())
     p.add_argument("--overwrite-agreement", type=text(), help="the partner's recorded overwrite agreement")
     p.set_defaults(handler=replace)
 
     p = job_command(commands, "reconcile", "settle an OutcomeUnknown attempt from evidence",
-                    "Settle an OutcomeUnknown attempt to Completed, or Failed (NotDelivered), once, on evidence.")
+                    "Settle an OutcomeUnknown attempt to Completed, or Failed (NotDelivered), once, on evidence.",
+                    exits=(EXIT_REFUSED,))
     p.add_argument("--attempt", required=True, type=uuid_arg)
     p.add_argument("--to", required=True, type=_outcome, help="Completed or Failed")
     p.add_argument("--evidence", required=True, type=text())
@@ -94,7 +98,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     p = job_command(commands, "correct", "correct a recorded Completed or Failed (reconciliation operators)",
                     "Correct a recorded Completed or Failed of one attempt, once, as exports_reconciler. Only for "
-                    "operators granted with --reconciliation.")
+                    "operators granted with --reconciliation.", exits=(EXIT_REFUSED,))
     p.add_argument("--attempt", required=True, type=uuid_arg)
     p.add_argument("--from", dest="from_", required=True, type=_outcome, help="the recorded outcome")
     p.add_argument("--to", required=True, type=_outcome, help="the corrected outcome")
@@ -172,14 +176,14 @@ def cancel(ctx: Context, args: argparse.Namespace) -> int:
               "replay": result.replay_of is not None, "recorded_at": result.replay_of})
         return EXIT_OK
     if reply is CancellationReply.NOT_FOUND:
-        raise CliError(EXIT_NOT_FOUND, f"no export {args.job} in tenant {tenant.name!r}; nothing recorded",
-                       request_id=str(request_id), reply=reply.value)
+        raise not_found(f"no export {args.job} in tenant {tenant.name!r}; nothing recorded",
+                        request_id=str(request_id), reply=reply.value)
     if reply is CancellationReply.REQUEST_ID_REUSED:
-        raise CliError(EXIT_REFUSED, f"request id {request_id} was already used for another export or operator; "
-                          "nothing recorded", request_id=str(request_id), reply=reply.value)
+        raise refused(f"request id {request_id} was already used for another export or operator; nothing recorded",
+                      request_id=str(request_id), reply=reply.value)
     if reply is CancellationReply.BUSY:
-        raise CliError(EXIT_BUSY, f"busy: export {args.job} is locked; nothing recorded; retry with "
-                                  f"--request-id {request_id}", request_id=str(request_id), reply=reply.value)
+        raise busy(f"busy: export {args.job} is locked; nothing recorded; retry with --request-id {request_id}",
+                   request_id=str(request_id), reply=reply.value)
     assert_never(reply)
 
 
@@ -252,9 +256,9 @@ def reconcile(ctx: Context, args: argparse.Namespace) -> int:
 
 def correct(ctx: Context, args: argparse.Namespace) -> int:
     if args.to is Status.FAILED and args.failure_reason is None:
-        raise CliError(EXIT_BAD_INPUT, "--to Failed needs --failure-reason")
+        raise bad_input("--to Failed needs --failure-reason")
     if args.to is not Status.FAILED and args.failure_reason is not None:
-        raise CliError(EXIT_BAD_INPUT, "--failure-reason goes only with --to Failed")
+        raise bad_input("--failure-reason goes only with --to Failed")
     views = ctx.views()
     tenant = cli_lookup.tenant(views, args.tenant)
     cli_lookup.require_grant(views, args.by, tenant, reconciliation=True)

@@ -1,8 +1,9 @@
 """``exports``: the operator scripts and the processes, one command.
 
 Every subcommand has ``--help``, prints for people by default and one JSON document with ``--json``,
-and ends with one of the named exit codes in ``app.cli.common`` (listed in every ``--help``). A bad
-input is one line on stderr and its exit code, never a traceback, and changes nothing.
+and ends with one of the named exit codes in ``app.cli.common``: ``exports --help`` lists them all, each
+command's ``--help`` the ones it can end with. Every error ends as one line on stderr and its exit code
+(``app.cli.common.exit_code``), never a traceback; a bad input changes nothing.
 
 Operators act only for tenants they are granted in ``operator_access``: a write by an operator who
 is not granted answers 4 ("not allowed"), checked before any write. A job of another tenant answers
@@ -26,35 +27,38 @@ from importlib.metadata import EntryPoint, entry_points
 from app import __version__, logs
 from app.cli import jobs, operations, processes, setup, views
 from app.cli.common import (
-    EXIT_BAD_INPUT,
-    EXIT_CODES_HELP,
     EXIT_FAILURE,
+    EXIT_MEANINGS,
     CliError,
     Context,
     Parser,
     command,
+    exit_code,
+    exit_codes_help,
     printable,
 )
 from app.cli.output import error
-from app.config import ConfigError, Settings
+from app.config import Settings
 
-log = logging.getLogger("exports.cli")
+log = logs.get(__name__)
 
 #: The command modules, in the order ``exports --help`` lists their commands.
 COMMAND_MODULES = (setup, jobs, views, operations, processes)
 #: The entry point group through which installed packages add commands.
 PLUGIN_GROUP = "exports.commands"
+#: The end of ``exports --help``, after the exit codes.
+ABOUT = ("An operator's write (--by) needs the operator's grant for the tenant (exports operator grant),\n"
+         "checked before anything is written; setup commands (db, tenant, destination, operator, contacts)\n"
+         "are for administrators. Another tenant's export answers exactly like a missing one.\n\n"
+         "EXPORTS_DATABASE_URL picks the database; unset, an embedded PostgreSQL runs under EXPORTS_STATE_DIR "
+         "(default ./var).")
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="exports",
                     description="exports: queued CRM contact exports to partner SFTP servers, with safe "
                     "cancellation and recovery; the operator scripts and the processes.",
-                    epilog=EXIT_CODES_HELP + "\n\nAn operator's write (--by) needs the operator's grant for the "
-                    "tenant (exports operator grant),\nchecked before anything is written; setup commands (db, "
-                    "tenant, destination, operator, contacts)\nare for administrators. Another tenant's export "
-                    "answers exactly like a missing one.\n\nEXPORTS_DATABASE_URL picks the database; unset, an "
-                    "embedded PostgreSQL runs under EXPORTS_STATE_DIR (default ./var).",
+                    epilog=exit_codes_help(EXIT_MEANINGS) + "\n\n" + ABOUT,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"exports {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -89,9 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.forwarded = rest
     try:
         settings = Settings.from_env()
-    except ConfigError as exc:
-        error(None, EXIT_BAD_INPUT, str(exc))
-        return EXIT_BAD_INPUT
+    except Exception as exc:   # a ConfigError names the variable, and exits 2
+        return _failed(None, exc, debug=False)
     ctx = Context(settings, json=getattr(args, "json", False))
     if not getattr(args, "long_running", False):
         # An operator script answers in one line; library log records would add lines of their own.
@@ -101,22 +104,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.getLogger().addHandler(logging.NullHandler())
     try:
         return args.handler(ctx, args)
-    except CliError as exc:
-        error(ctx, exc.code, exc.message, exc.data)
-        return exc.code
-    except ConfigError as exc:   # a setting that only this command needs (a broker for a relay, ...)
-        error(ctx, EXIT_BAD_INPUT, str(exc))
-        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # the one place a surprise becomes one line instead of a traceback
-        if settings.debug:
-            log.exception("unexpected failure")
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        error(ctx, EXIT_FAILURE, f"{type(exc).__name__}: {printable(message, 300)}")
-        return EXIT_FAILURE
+    except Exception as exc:  # the one place an error becomes one line and its exit code, never a traceback
+        return _failed(ctx, exc, debug=settings.debug)
     finally:
         ctx.close()
+
+
+def _failed(ctx: Context | None, exc: Exception, *, debug: bool) -> int:
+    """Says why in one line on stderr and answers the exit code. An expected answer's message speaks for
+    itself; a surprise's (EXIT_FAILURE) is prefixed with its class, which tells what happened."""
+    code = exit_code(exc)
+    if isinstance(exc, CliError):
+        error(ctx, code, exc.message, exc.data)
+        return code
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if code == EXIT_FAILURE:
+        if debug:
+            log.exception("cli.unexpected_failure", error=type(exc).__name__)
+        message = f"{type(exc).__name__}: {message}"
+    error(ctx, code, printable(message, 300))
+    return code
 
 
 if __name__ == "__main__":

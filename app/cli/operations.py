@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from app import health as health_checks
-from app.cli.common import EXIT_FAILURE, EXIT_OK, Context, command, group, text
+from app.cli.common import EXIT_FAILURE, EXIT_OK, Context, Exit, command, group, text
 from app.cli.output import emit, table
 from app.config import resolve_database_url, resolve_owner_url
 from app.heartbeat import SILENT_INTERVALS
@@ -20,7 +20,8 @@ DEFAULT_RETENTION_DAYS = 30.0
 def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "health", help_="check the database, schema, broker, relay lag and recovery (a probe)",
                 description="Check that the deployment is doing its job; exit 0 only when every check passes, and "
-                            "say why each failed one failed. Usable as a liveness or readiness probe.")
+                            "say why each failed one failed. Usable as a liveness or readiness probe.",
+                exits=(Exit(EXIT_FAILURE, "unhealthy: a check failed (each failed one says why), or a surprise"),))
     p.add_argument("--require", type=_roles, default=(), metavar="ROLES",
                    help=f"also require a live process of each role (comma separated: {', '.join(health_checks.ROLES)})")
     p.set_defaults(handler=health)

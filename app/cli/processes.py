@@ -18,7 +18,7 @@ import sys
 import threading
 
 from app import logs, metrics
-from app.cli.common import EXIT_OK, Context, command, positive_int
+from app.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, Context, Exit, command, positive_int
 
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
 DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
@@ -39,7 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=scheduler, long_running=True)
     p = command(commands, "worker", help_="run export workers (dramatiq app.actors.worker)",
                 description="Run `dramatiq app.actors.worker` with the embedded services resolved. Flags this "
-                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False)
+                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False,
+                # dramatiq's own exit codes, which its command line returns through this one
+                exits=(Exit(EXIT_NOT_FOUND, "dramatiq could not connect to the broker at start-up"),
+                       Exit(EXIT_REFUSED, "dramatiq's --pid-file names a running process or cannot be written")))
     p.add_argument("--processes", type=positive_int(256), default=DEFAULT_PROCESSES,
                    help=f"worker processes (default {DEFAULT_PROCESSES}: this machine's CPUs, at most 4)")
     p.add_argument("--threads", type=positive_int(256), default=DEFAULT_THREADS,

@@ -10,8 +10,11 @@ from pathlib import Path
 from app.cli import contacts as cli_contacts
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
+    EXIT_NOT_FOUND,
     EXIT_OK,
+    EXIT_REFUSED,
     Context,
+    Exit,
     bad_input,
     command,
     group,
@@ -31,6 +34,11 @@ from app.store.migrate import migrate
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
 FETCH_HOST_KEY_TIMEOUT = 10.0
+#: What ``destination add``'s own answers mean: a fetched key is only shown until --yes pins it.
+DESTINATION_ADD_EXITS = (
+    Exit(EXIT_NOT_FOUND, "not found: no such tenant, or the server gave no host key to fetch"),
+    Exit(EXIT_REFUSED, "refused: the fetched host key is shown, not pinned, without --yes"),
+)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -58,7 +66,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(destination, "add", help_="add a tenant's partner destination, its host key pinned",
                 description="Add a partner SFTP destination. The host key is pinned from --host-key (one known_hosts "
                             "line), or fetched once with --fetch-host-key and pinned only with --yes. The credential "
-                            "is a reference (env:VAR or keyfile:/path), never the secret.")
+                            "is a reference (env:VAR or keyfile:/path), never the secret.",
+                exits=DESTINATION_ADD_EXITS)
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--name", required=True, type=name)
     p.add_argument("--host", required=True, type=text(255))
@@ -83,13 +92,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
                 description="Each destination's circuit (closed, or open since when and until its next probe), "
                             "the sessions open to it now over every worker host, the jobs waiting out a "
-                            "deferral, and the last connection error.")
+                            "deferral, and the last connection error.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
     p.set_defaults(handler=destination_status)
 
     operator = group(commands, "operator", "operator access")
     p = command(operator, "grant", help_="let an operator act for a tenant",
-                description="Let an operator act for a tenant; --reconciliation also allows corrections.")
+                description="Let an operator act for a tenant; --reconciliation also allows corrections.",
+                exits=(EXIT_NOT_FOUND, EXIT_REFUSED))
     p.add_argument("--operator", required=True, type=name)
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--reconciliation", action="store_true", help="may correct recorded outcomes")
@@ -99,12 +109,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(contacts, "import", help_="load contacts from a CSV file (all or nothing)",
                 description="Load contacts from a UTF-8 CSV file with a header: email, full_name (required), "
                             "company, phone, consent (optional). Every row is checked before any is loaded; one "
-                            "bad row loads nothing.")
+                            "bad row loads nothing.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("file", type=text(4096))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.set_defaults(handler=contacts_import)
     p = command(contacts, "generate", help_="generate realistic fake contacts (COPY)",
-                description="Generate realistic fake contacts in one COPY.")
+                description="Generate realistic fake contacts in one COPY.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--count", required=True, type=positive_int(10_000_000))
     p.add_argument("--seed", type=int, help="for a reproducible set")

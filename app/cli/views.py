@@ -12,6 +12,7 @@ from uuid import UUID
 
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
+    EXIT_NOT_FOUND,
     EXIT_OK,
     Context,
     command,
@@ -36,14 +37,15 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "Show one export: its row, attempt events, cancellation requests, delivery evidence and outbox.")
     p.set_defaults(handler=show)
 
-    p = command(commands, "list", help_="list exports", description="List exports, newest first.")
+    p = command(commands, "list", help_="list exports", description="List exports, newest first.",
+                exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name")
     p.add_argument("--status", type=status_arg, help=f"one of: {', '.join(s.value for s in Status)}")
     p.add_argument("--limit", type=positive_int(100_000), default=100)
     p.set_defaults(handler=list_jobs)
 
     p = command(commands, "watch", help_="live view of exports by state (Ctrl-C to stop)",
-                description="A live view of exports by state, refreshing (Ctrl-C to stop).")
+                description="A live view of exports by state, refreshing (Ctrl-C to stop).", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name")
     p.add_argument("--interval", type=seconds_arg, default=1.0)
     p.add_argument("--limit", type=positive_int(1000), default=15)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import paramiko
 
 from app.delivery.credentials import CredentialRef, parse_credential_ref
+from app.delivery.errors import InvalidDestination
 from app.delivery.hostkeys import known_hosts_name, parse_host_key
 
 #: Seconds allowed for the TCP connect, SSH handshake, authentication and opening the SFTP session.
@@ -59,22 +60,22 @@ class DestinationConfig:
     def __post_init__(self) -> None:
         parse_credential_ref(self.credential_ref)
         if not 0 < self.port < 65536:
-            raise ValueError("port must be between 1 and 65535")
+            raise InvalidDestination("port must be between 1 and 65535")
         if not self.remote_dir:
-            raise ValueError("remote_dir must not be empty")
+            raise InvalidDestination("remote_dir must not be empty")
         for name in ("connect_timeout", "io_timeout"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive: an unbounded wait can hang a worker")
+                raise InvalidDestination(f"{name} must be positive: an unbounded wait can hang a worker")
         if self.ack_wait < 0:
-            raise ValueError("ack_wait must not be negative")
+            raise InvalidDestination("ack_wait must not be negative")
         if not 1 <= self.max_sessions <= 64:
-            raise ValueError("max_sessions must be between 1 and 64")
+            raise InvalidDestination("max_sessions must be between 1 and 64")
         self.pinned_key()
 
     @classmethod
     def from_row(cls, row: Mapping[str, object]) -> DestinationConfig:
         """The config a ``destinations`` row describes (``app.store.directory.read_destination``).
-        Raises ValueError or DestinationError when the row cannot describe a delivery."""
+        Raises a DestinationError when the row cannot describe a delivery."""
         return cls(host=row["host"], port=row["port"], username=row["username"],  # type: ignore[arg-type]
                    remote_dir=row["remote_dir"], host_key=row["host_key"],  # type: ignore[arg-type]
                    credential_ref=row["credential_ref"], remote_hash=row["remote_hash"],  # type: ignore[arg-type]
@@ -110,5 +111,6 @@ class DestinationConfig:
 
     def remote_path(self, name: str) -> str:
         if not name or "/" in name or name in (".", ".."):
+            # A bug, not a configuration: every name here is the product's own, made from a delivery key.
             raise ValueError("a file name must be a single path component")
         return posixpath.join(self.remote_dir, name)

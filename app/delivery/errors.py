@@ -12,6 +12,11 @@ class DestinationError(ExportsError):
     """Raised when a destination cannot be used as configured: the base of the delivery errors."""
 
 
+class InvalidDestination(DestinationError):
+    """Raised when a destination's settings are out of bounds (a port, an empty remote directory, a
+    timeout that is not positive, a session limit): no delivery can be made to it as configured."""
+
+
 class CredentialError(DestinationError):
     """Raised when a credential reference is malformed or cannot be resolved. The message names the
     reference's kind and target at most, never the secret, and never a malformed reference (which

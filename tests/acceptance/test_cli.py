@@ -78,18 +78,24 @@ def _leaves(parser, prefix=()):
 PROCESSES = {("relay",), ("scheduler",), ("worker",), ("demo",)}
 
 
-def test_every_command_has_help_that_lists_the_exit_codes_and_json_where_it_prints_a_document():
+def test_every_command_has_help_that_lists_its_exit_codes_and_json_where_it_prints_a_document():
     leaves = dict(_leaves(build_parser()))
     assert {("cancel",), ("db", "migrate"), ("contacts", "generate"), ("worker",), ("demo",)} <= set(leaves)
     for path, parser in leaves.items():
         text = parser.format_help()
-        assert "75" in text and "busy" in text, path
+        assert "exit codes:" in text and f"  {EXIT_OK}   done" in text, path
+        # Only cancel can answer busy, and only it takes the --request-id a retry needs.
+        assert ("busy" in text) is ("--request-id" in text) is (path == ("cancel",)), path
         assert ("--json" in text) is (path not in PROCESSES), path
 
 
 def test_help_runs_as_the_console_script(exports_cli):
     result = exports_cli("cancel", "--help")
     assert "--request-id" in result.stdout and "exit codes" in result.stdout
+    assert f"  {EXIT_BUSY}  busy: nothing recorded; retry with the same --request-id" in result.stdout
+
+    listing = exports_cli("list", "--help")
+    assert "exit codes" in listing.stdout and "busy" not in listing.stdout and "request" not in listing.stdout
 
 
 # --- setup ---------------------------------------------------------------------------------------

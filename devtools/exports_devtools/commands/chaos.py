@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, CliError, Context, command, printable
+from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, CliError, Context, Exit, command, printable
 from exports_devtools.chaos import run as soak
 from exports_devtools.chaos.faults import KINDS
 
@@ -45,7 +45,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "exports continuously, cancel, edit, replace and reconcile some, inject faults on a "
                             "seeded schedule, let it settle and check every invariant from the database and the "
                             "partner's directory. Prints progress on stderr and a report (--json: the whole "
-                            "report on stdout); exit 0 only with no violation. docs/reliability.md explains it.")
+                            "report on stdout); exit 0 only with no violation. docs/reliability.md explains it.",
+                exits=(Exit(EXIT_FAILURE, "a promise was broken (the report says which), or a surprise"),))
     p.add_argument("--minutes", type=_positive("minutes", 24 * 60), default=3.0,
                    help="how long faults and load run (default 3)")
     p.add_argument("--rate", type=_positive("rate", 100), default=1.0, help="exports created per second (default 1)")

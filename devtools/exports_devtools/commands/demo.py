@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli.common import Context, command
+from app.cli.common import EXIT_FAILURE, EXIT_REFUSED, Context, Exit, command
 from exports_devtools import demo as demo_module
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "demo", help_="run the whole system on this machine through a scripted scenario",
                 description="Start the embedded services, relay, two workers and the scheduler, play a scenario, "
-                            "print the outcome and stop everything (--keep leaves it running).", json_output=False)
+                            "print the outcome and stop everything (--keep leaves it running).", json_output=False,
+                exits=(Exit(EXIT_FAILURE, "a scene did not go as it should (the logs say where), or a surprise"),
+                       Exit(EXIT_REFUSED, "a demo started with --keep is still running")))
     p.add_argument("--keep", action="store_true", help="leave everything running and print the environment")
     p.add_argument("--stop", action="store_true", help="stop what a demo started with --keep left running")
     p.set_defaults(handler=demo, long_running=True)

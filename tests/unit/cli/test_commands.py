@@ -3,7 +3,6 @@ for each, usage errors, and the one-line answer for a refusal or a surprise."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -12,18 +11,11 @@ import pytest
 from app.cli import main as cli_main
 from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_REFUSED, CliError, Parser
 from app.cli.main import COMMAND_MODULES, build_parser, main
+from app.config import ConfigError
+from app.store.errors import ChangedUnderLock
+from tests.unit.cli.parsers import leaves
 
-
-def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
-    for action in parser._subparsers._group_actions if parser._subparsers else ():
-        for name, sub in action.choices.items():
-            if sub._subparsers:
-                yield from _leaves(sub, prefix + (name,))
-            else:
-                yield prefix + (name,), sub
-
-
-LEAVES = dict(_leaves(build_parser()))
+LEAVES = dict(leaves(build_parser()))
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +87,7 @@ def test_each_command_module_registers_parsers_for_its_own_handlers(module):
 
     module.register(parser.add_subparsers(parser_class=Parser))
 
-    handlers = [sub.get_default("handler") for _, sub in _leaves(parser)]
+    handlers = [sub.get_default("handler") for _, sub in leaves(parser)]
     assert handlers and all(h.__module__ == module.__name__ for h in handlers)
 
 
@@ -145,6 +137,30 @@ def test_a_surprise_in_a_handler_is_one_line_and_exit_one_without_a_traceback(ca
 
     assert (code, out) == (EXIT_FAILURE, "")
     assert err == "exports: error: RuntimeError: the disk is on fire\n"
+
+
+def test_an_application_error_in_a_handler_is_one_line_naming_its_class_and_exit_one(capsys, monkeypatch):
+    def changed(ctx, args):
+        raise ChangedUnderLock("export 42 changed under its row lock")
+
+    monkeypatch.setattr(cli_main.views, "list_jobs", changed)
+
+    code, out, err = _run(capsys, "list", "--json")
+
+    assert (code, out) == (EXIT_FAILURE, "")
+    assert err.count("\n") == 1 and json.loads(err) == {
+        "error": "ChangedUnderLock: export 42 changed under its row lock", "exit_code": EXIT_FAILURE}
+
+
+def test_a_setting_only_the_handler_needs_is_one_line_in_its_own_words_and_exit_two(capsys, monkeypatch):
+    def unset(ctx, args):
+        raise ConfigError("EXPORTS_RECONCILER_DATABASE_URL is not set")
+
+    monkeypatch.setattr(cli_main.views, "list_jobs", unset)
+
+    code, out, err = _run(capsys, "list")
+
+    assert (code, out, err) == (EXIT_BAD_INPUT, "", "exports: error: EXPORTS_RECONCILER_DATABASE_URL is not set\n")
 
 
 def test_a_bad_setting_is_one_line_and_exit_two_before_any_handler_runs(capsys, monkeypatch):
