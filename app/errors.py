@@ -9,6 +9,7 @@ turns each into an exit code::
                                                               the broker URL, a deferral policy
         StoreError                  app/store/errors.py      a row count the statement's conditions make impossible
             ChangedUnderLock                                 a row changed while we held its lock
+        SchemaTooNew                app/store/migrate.py     the database's schema is newer than this release's
         DestinationError            app/delivery/errors.py   a destination that cannot be used as configured
             InvalidDestination                               a setting out of bounds (port, timeouts, sessions)
             CredentialError                                  a credential reference malformed or unresolvable
