@@ -32,10 +32,11 @@ from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
 from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_write
 from app.delivery.config import DestinationConfig
-from app.delivery.destination import Destination, Ready, Refused, Unreachable
+from app.delivery.destination import Destination, Refused, Unreachable
 from app.delivery.errors import EvidenceNotRecorded
 from app.delivery.evidence import Evidence
 from app.delivery.sessions import SessionPool
+from app.delivery.upload import Ready
 from app.store import export
 from app.store.database import Database
 from app.store.partner import Circuit
