@@ -107,6 +107,12 @@ class ExportRunner:
         return sum(1 for stop in active if stop.set(StopReason.SHUTDOWN))
 
     def run(self, job_id: UUID) -> RunResult:
+        # Bound for this thread until the run returns: every line about the job, whichever module
+        # writes it (the store, the delivery), carries its id.
+        with logs.bound(job_id=job_id):
+            return self._run(job_id)
+
+    def _run(self, job_id: UUID) -> RunResult:
         # The message is only a hint. Everything below starts from the row.
         with self.db.connection() as conn:
             job = read_job(conn, job_id)
@@ -125,6 +131,10 @@ class ExportRunner:
 
         # Cutoff 1.
         attempt_id = uuid.uuid4()
+        with logs.bound(attempt_id=attempt_id):
+            return self._attempt(job, decision, circuit, attempt_id)
+
+    def _attempt(self, job: JobView, decision: Decision, circuit: Circuit, attempt_id: UUID) -> RunResult:
         worker_id = self.worker_id()
         claim = export.claim(self.db, job_id=job.id, checked_version=job.version, attempt_id=attempt_id,
                            worker_id=worker_id, lease_seconds=self.lease_seconds)

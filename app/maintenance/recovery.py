@@ -161,7 +161,9 @@ class Recovery:
             progressed = self._take_over_running(running, run_id, counts)
             for job in candidates:
                 if job.status is Status.DELIVERING:
-                    progressed |= self._resolve_logged(job, run_id, counts)
+                    # The inspection's own lines (the destination's, the store's) name the job too.
+                    with logs.bound(job_id=job.job_id, attempt_id=job.attempt_id):
+                        progressed |= self._resolve_logged(job, run_id, counts)
             # A full batch may hide more expired attempts; rescan while this batch moved some
             # (a row whose takeover failed would otherwise be nominated again for ever).
             if len(candidates) < self.config.batch_size or not progressed:
