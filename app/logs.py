@@ -9,6 +9,18 @@ fields travel on the record as ``record.fields``; the formatters render them as 
 as one JSON object per line (``EXPORTS_LOG_FORMAT=json``), the same in every process. Records from
 libraries (Dramatiq, APScheduler, paramiko) go through the same formatter, their message as the event.
 
+A job's ids are bound once where they become known, not repeated in every call:
+
+    with logs.bound(job_id=job.id):
+        ...   # every event logged here, by any module, carries job_id; explicit fields win
+
+The binding lives in a ``ContextVar``, so it belongs to the thread (or asyncio task) that made it
+and ends with its ``with`` block. A new thread starts without it: one that works for a job binds
+that job itself (the lease keeper's renewals do), or runs in ``contextvars.copy_context()``. Records
+from libraries carry no binding: theirs are about connections and messages, and most are written
+where no job is bound anyway (paramiko's transport thread, Dramatiq after the actor returned,
+APScheduler's executor).
+
 Nothing secret is ever passed as a field: the callers pass ids, counts, states and error classes.
 """
 
@@ -17,8 +29,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, TextIO
 from uuid import UUID
 
@@ -26,6 +42,19 @@ from uuid import UUID
 FORMATS = ("text", "json")
 #: Libraries whose INFO lines are noise at our scale (APScheduler logs every run of every job).
 QUIET = {"apscheduler": logging.WARNING, "pika": logging.WARNING, "paramiko": logging.WARNING}
+#: The fields bound in this context (``bound``); replaced, never mutated, so a copied context keeps its own.
+_BOUND: ContextVar[Mapping[str, Any]] = ContextVar("exports_log_fields", default=MappingProxyType({}))
+
+
+@contextmanager
+def bound(**fields: Any) -> Iterator[None]:
+    """Adds ``fields`` to every event logged in this context until the block ends, over any bound
+    outside it; leaving the block restores the outer binding."""
+    token = _BOUND.set({**_BOUND.get(), **fields})
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
 
 
 class EventLogger:
@@ -36,6 +65,8 @@ class EventLogger:
 
     def _log(self, level: int, event: str, exc_info: Any, fields: dict[str, Any]) -> None:
         if self.logger.isEnabledFor(level):
+            # Merged when the event happens, in the context that logs it: a handler may format it later.
+            fields = {**_BOUND.get(), **fields}
             self.logger.log(level, event, exc_info=exc_info, extra={"fields": fields}, stacklevel=3)
 
     def debug(self, event: str, *, exc_info: Any = None, **fields: Any) -> None:

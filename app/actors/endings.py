@@ -50,7 +50,8 @@ class RunResult:
 
 
 class Endings:
-    """The attempt's writes that end it before cutoff 2, for the runner."""
+    """The attempt's writes that end it before cutoff 2, for the runner (whose binding gives its lines
+    the job's and the attempt's ids)."""
 
     def __init__(self, db: Database, policy: DeferralPolicy) -> None:
         self.db = db
@@ -77,12 +78,11 @@ class Endings:
         match result:
             case DeferResult.DEFERRED:
                 metrics.worker().deferrals.labels(reason).inc()
-                log.info("runner.deferred", job_id=job.id, attempt_id=attempt_id, cause=cause, delay=round(delay, 3),
-                         deferrals=job.deferrals + 1)
+                log.info("runner.deferred", cause=cause, delay=round(delay, 3), deferrals=job.deferrals + 1)
                 return RunResult(RunOutcome.DEFERRED, attempt_id, WriteResult.WRITTEN)
             case DeferResult.STOP_RECORDED:
                 return self.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", None)
-        log.warning("runner.not_deferred", job_id=job.id, attempt_id=attempt_id, result=result.value)
+        log.warning("runner.not_deferred", result=result.value)
         return RunResult(RunOutcome.GAVE_UP, attempt_id)
 
     def fail_or_stop(self, job: JobView, attempt_id: UUID, worker_id: str, code: FailureCode, detail: str,
@@ -102,7 +102,7 @@ class Endings:
     def _failed(self, job: JobView, attempt_id: UUID, write: WriteResult) -> RunResult:
         if write is not WriteResult.WRITTEN:
             # Not a failure of this attempt's making: a takeover or another outcome got there first.
-            log.warning("runner.terminal_write_not_matched", job_id=job.id, attempt_id=attempt_id, write=write.value)
+            log.warning("runner.terminal_write_not_matched", write=write.value)
         return RunResult(RunOutcome.FAILED, attempt_id, write)
 
     def finish_stopped(self, job: JobView, attempt_id: UUID, worker_id: str, stop_point: str,

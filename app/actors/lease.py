@@ -130,7 +130,9 @@ class LeaseKeeper:
     # --- renewals ---------------------------------------------------------------------------------
 
     def _scheduled(self) -> None:
-        with self._lock:
+        # On a thread of the shared scheduler, which the attempt's binding does not reach: this
+        # attempt's ids are bound here, for the renewal's lines and the store's.
+        with self._lock, logs.bound(job_id=self.job_id, attempt_id=self.attempt_id):
             if self._finished.is_set():
                 return
             self._renew("scheduled")

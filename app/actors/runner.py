@@ -32,10 +32,11 @@ from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
 from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_write
 from app.delivery.config import DestinationConfig
-from app.delivery.destination import Destination, Ready, Refused, Unreachable
+from app.delivery.destination import Destination, Refused, Unreachable
 from app.delivery.errors import EvidenceNotRecorded
 from app.delivery.evidence import Evidence
 from app.delivery.sessions import SessionPool
+from app.delivery.upload import Ready
 from app.errors import ExportsError
 from app.store import export
 from app.store.database import Database
@@ -112,6 +113,12 @@ class ExportRunner:
         return sum(1 for stop in active if stop.set(StopReason.SHUTDOWN))
 
     def run(self, job_id: UUID) -> RunResult:
+        # Bound for this thread until the run returns: every line about the job, whichever module
+        # writes it (the store, the delivery), carries its id.
+        with logs.bound(job_id=job_id):
+            return self._run(job_id)
+
+    def _run(self, job_id: UUID) -> RunResult:
         # The message is only a hint. Everything below starts from the row.
         with self.db.connection() as conn:
             job = read_job(conn, job_id)
@@ -123,13 +130,16 @@ class ExportRunner:
                 # edit's own wake-up brings the job back for a fresh evaluation.
                 rejected = export.reject(conn, job_id=job.id, checked_version=job.version)
                 assert decision.refusal is not None
-                log.info("runner.rejected", job_id=job.id, version=job.version, refusal=decision.refusal.value,
-                         written=rejected)
+                log.info("runner.rejected", version=job.version, refusal=decision.refusal.value, written=rejected)
                 return RunResult(RunOutcome.REJECTED)
             circuit = self.circuits.read(conn, job.destination_id)
 
         # Cutoff 1.
         attempt_id = uuid.uuid4()
+        with logs.bound(attempt_id=attempt_id):
+            return self._attempt(job, decision, circuit, attempt_id)
+
+    def _attempt(self, job: JobView, decision: Decision, circuit: Circuit, attempt_id: UUID) -> RunResult:
         worker_id = self.worker_id()
         claim = export.claim(self.db, job_id=job.id, checked_version=job.version, attempt_id=attempt_id,
                            worker_id=worker_id, lease_seconds=self.lease_seconds)
@@ -138,7 +148,7 @@ class ExportRunner:
             return RunResult(RunOutcome.CLAIM_UNKNOWN, attempt_id)   # leave the message unsettled
         if claim is ClaimResult.LOST:
             return RunResult(RunOutcome.NOT_CLAIMED)
-        log.info("runner.claimed", job_id=job.id, attempt_id=attempt_id, worker_id=worker_id)
+        log.info("runner.claimed", worker_id=worker_id)
 
         # From the confirmed claim to the attempt's last write: one stop signal, one lease keeper.
         stop = StopSignal()
@@ -239,7 +249,7 @@ class ExportRunner:
 
             match cutoff:
                 case AuthorizationResult.AUTHORIZED:
-                    log.info("runner.authorized", job_id=job.id, attempt_id=attempt_id, size=built.size)
+                    log.info("runner.authorized", size=built.size)
                     return Prepared(built, expected, ready)
                 case AuthorizationResult.STOP_RECORDED:
                     return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
@@ -248,26 +258,26 @@ class ExportRunner:
                                                      "the original was recorded Completed before cutoff 2")
                 case AuthorizationResult.LEASE_LAPSED | AuthorizationResult.NOT_OWNER | AuthorizationResult.UNKNOWN:
                     # Write nothing to the row: recovery takes it from here.
-                    log.warning("runner.not_authorized", job_id=job.id, attempt_id=attempt_id, cutoff=cutoff.value)
+                    log.warning("runner.not_authorized", cutoff=cutoff.value)
                     return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildStopped as stopped:
             if stopped.reason is StopReason.STOP_REQUESTED:
                 return self.endings.finish_stopped(job, attempt_id, worker_id, "WhileBuilding", stop)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
-            log.warning("runner.build_abandoned", job_id=job.id, attempt_id=attempt_id, reason=stopped.reason.value)
+            log.warning("runner.build_abandoned", reason=stopped.reason.value)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildInterrupted as interrupted:
             # The database, not the export, failed: nothing is written, and recovery requeues the job.
-            log.warning("runner.build_interrupted", job_id=job.id, attempt_id=attempt_id, error=interrupted)
+            log.warning("runner.build_interrupted", error=interrupted)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildFailed as failed:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
-            log.warning("runner.build_failed", job_id=job.id, attempt_id=attempt_id, error=failed)
+            log.warning("runner.build_failed", error=failed)
             return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.BUILD_FAILED, str(failed),
                                              stop_point="WhileBuilding")
         except EvidenceNotRecorded as exc:
             # No baseline, no upload; the database that could not take it could not take a terminal write.
-            log.warning("runner.baseline_not_recorded", job_id=job.id, attempt_id=attempt_id, error=exc)
+            log.warning("runner.baseline_not_recorded", error=exc)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
         finally:
             if cutoff is not AuthorizationResult.AUTHORIZED:
@@ -314,19 +324,17 @@ class ExportRunner:
                 self._append_evidence(job.id, attempt_id, f"{worker_id}/{attempt_id}",
                                       outcome_evidence(outcome, attempt_id))
             except Exception as exc:
-                log.error("runner.evidence_not_recorded", job_id=job.id, attempt_id=attempt_id,
-                          error=type(exc).__name__)
+                log.error("runner.evidence_not_recorded", error=type(exc).__name__)
             metrics.worker().upload_seconds.observe(time.monotonic() - started)
             metrics.worker().deliveries.labels(status.value).inc()
             if status is Status.COMPLETED:
                 metrics.worker().upload_bytes.inc(built.size)
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                          outcome=status, failure_reason=code, detail=detail, cause=cause)
-            log.info("runner.delivered", job_id=job.id, attempt_id=attempt_id, outcome=status.value, write=write.value,
+            log.info("runner.delivered", outcome=status.value, write=write.value,
                      warm_session=prepared.ready.reused_session)
             if write is not WriteResult.WRITTEN:
-                log.warning("runner.terminal_write_not_matched", job_id=job.id, attempt_id=attempt_id,
-                            outcome=status.value, write=write.value)
+                log.warning("runner.terminal_write_not_matched", outcome=status.value, write=write.value)
             if interrupted is not None:
                 raise interrupted
             return RunResult(RunOutcome.DELIVERED, attempt_id, write, status)

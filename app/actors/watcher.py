@@ -167,9 +167,11 @@ class StopWatcher:
         stopped = worker_reads.confirm_stops(conn, {job_id: w.attempt_id for job_id, w in targets.items()})
         for job_id in stopped:
             watched = targets[job_id]
-            # Counted as part of setting the signal, before it wakes the runner: set() returns only
-            # after its callbacks (the builder's query cancel), by which time the run may have ended.
-            if watched.stop.set(StopReason.STOP_REQUESTED,
-                                before_wake=self._count_notify if by_notify else self._count_poll):
-                log.info("watcher.stop_confirmed", job_id=job_id, attempt_id=watched.attempt_id,
-                         via="notify" if by_notify else "poll")
+            # This thread watches every attempt of the process: each stop is bound to its own, so the
+            # callbacks' lines (the builder's query cancel) carry the attempt they stop.
+            with logs.bound(job_id=job_id, attempt_id=watched.attempt_id):
+                # Counted as part of setting the signal, before it wakes the runner: set() returns only
+                # after its callbacks (the builder's query cancel), by which time the run may have ended.
+                if watched.stop.set(StopReason.STOP_REQUESTED,
+                                    before_wake=self._count_notify if by_notify else self._count_poll):
+                    log.info("watcher.stop_confirmed", via="notify" if by_notify else "poll")

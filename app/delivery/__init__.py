@@ -4,9 +4,9 @@ verdicts drawn from it.
 Read in this order:
 
 - ``destination``: ``Destination.prepare()`` (session, baseline, decision, while the job is Running),
-  ``Ready.complete()`` (upload under a temporary name, no-overwrite rename, confirmation, after cutoff
-  2), ``Destination.deliver()`` (both), ``probe()`` and ``inspect()``; the entry point for the runner
-  and recovery.
+  ``Destination.deliver()`` (prepare and complete), ``probe()`` and ``inspect()``; the entry point for
+  the runner and recovery. ``upload``: what ``prepare`` hands back, ``Ready``, whose ``complete()``
+  uploads under a temporary name, renames without overwriting and confirms, after cutoff 2.
 - ``classifier``: the outcomes (``Completed``, ``Failed``, ``Unknown``), ``classify``, which turns
   an interrupted delivery into one, and ``cause_of``, which says whether an error is transient.
 - ``sessions``: where a delivery gets its session: a new one, or a worker's pool of warm ones, each

@@ -13,7 +13,6 @@ reuse. What paramiko's errors mean is decided here too (``is_status_reply``).
 from __future__ import annotations
 
 import hashlib
-import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -24,12 +23,13 @@ import paramiko
 from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, int64
 from paramiko.ssh_exception import BadHostKeyException
 
+from app import logs
 from app.delivery.classifier import describe, is_status_reply
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
 from app.delivery.errors import HostKeyMismatch
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: Bytes per SFTP read or write request; paramiko splits anything larger anyway.
 CHUNK_SIZE = 32768
@@ -58,7 +58,7 @@ class Session:
             channel.settimeout(min(HEALTH_CHECK_TIMEOUT, io_timeout))
             self.sftp.stat(remote_dir)
         except Exception as exc:
-            log.info("destination.session_unhealthy error=%s", describe(exc))
+            log.info("destination.session_unhealthy", error=describe(exc))
             return False
         finally:
             try:
@@ -90,10 +90,10 @@ class Session:
                 raise
             # Unsupported or refused: the contract promised a hash, so say so, but a missing hash
             # only weakens the evidence.
-            log.warning("destination.remote_hash_unavailable final_path=%s error=%s", path, describe(exc))
+            log.warning("destination.remote_hash_unavailable", final_path=path, error=describe(exc))
             return None
         if kind != CMD_EXTENDED_REPLY or msg.get_text() != "sha256":
-            log.warning("destination.remote_hash_unexpected_reply final_path=%s", path)
+            log.warning("destination.remote_hash_unexpected_reply", final_path=path)
             return None
         digest = msg.get_remainder()
         return digest if len(digest) == 32 else None

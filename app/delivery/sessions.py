@@ -17,7 +17,6 @@ as reusable goes back to the pool: a session that saw an error is closed.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,12 +25,13 @@ from uuid import UUID
 
 import paramiko
 
+from app import logs
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
 from app.delivery.errors import SessionLimitReached
 from app.delivery.session import Session, open_session
 
-log = logging.getLogger(__name__)
+log = logs.get(__name__)
 
 #: Seconds an idle warm session stays open before the pool closes it (and frees its slot).
 DEFAULT_IDLE_SECONDS = 30.0
@@ -153,7 +153,7 @@ class SessionPool:
             if idle is None or idle.held is not held:
                 return   # taken for a delivery (or replaced) since the timer started
             del self._idle[key]
-        log.info("destination.session_idle_closed")
+        log.info("destination.session_idle_closed", destination_id=key[0])
         _close(held)
 
     def close(self) -> None:

@@ -118,6 +118,10 @@ def _logged(event: str, run_id: str, counts: RecoveryCounts) -> RecoveryCounts:
 
 _COUNT_FIELD = {Takeover.STOP: "stopped", Takeover.REQUEUE: "requeued", Takeover.EXHAUST: "exhausted",
                 Takeover.COMPLETE: "completed", Takeover.OUTCOME_UNKNOWN: "outcome_unknown"}
+#: The event of a takeover that was written, spelled out so that each can be found by its name.
+_TAKEOVER_EVENT = {Takeover.STOP: "recovery.stop", Takeover.REQUEUE: "recovery.requeue",
+                   Takeover.EXHAUST: "recovery.exhaust", Takeover.COMPLETE: "recovery.complete",
+                   Takeover.OUTCOME_UNKNOWN: "recovery.unknown"}
 
 
 def decide_running(job: ExpiredAttempt, max_attempts: int) -> Takeover:
@@ -161,7 +165,9 @@ class Recovery:
             progressed = self._take_over_running(running, run_id, counts)
             for job in candidates:
                 if job.status is Status.DELIVERING:
-                    progressed |= self._resolve_logged(job, run_id, counts)
+                    # The inspection's own lines (the destination's, the store's) name the job too.
+                    with logs.bound(job_id=job.job_id, attempt_id=job.attempt_id):
+                        progressed |= self._resolve_logged(job, run_id, counts)
             # A full batch may hide more expired attempts; rescan while this batch moved some
             # (a row whose takeover failed would otherwise be nominated again for ever).
             if len(candidates) < self.config.batch_size or not progressed:
@@ -248,9 +254,9 @@ class Recovery:
     @staticmethod
     def _count(job: ExpiredAttempt, takeover: Takeover, written: bool, run_id: str, counts: dict[str, int]) -> None:
         counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
-        event = takeover.value if written else "not_matched"
-        log.info(f"recovery.{event}", job_id=job.job_id, attempt_id=job.attempt_id, tenant_id=job.tenant_id,
-                 run_id=run_id, takeover=takeover.value, written=written)
+        log.info(_TAKEOVER_EVENT[takeover] if written else "recovery.not_matched", job_id=job.job_id,
+                 attempt_id=job.attempt_id, tenant_id=job.tenant_id, run_id=run_id, takeover=takeover.value,
+                 written=written)
 
     def _weigh_delivery(self, conn, job: ExpiredAttempt, run_id: str) -> DeliveryVerdict:
         # No transaction is open: a slow destination holds no row lock, and a renewal that commits

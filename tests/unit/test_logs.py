@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import logging
+import threading
 import uuid
 
 import pytest
@@ -60,3 +62,127 @@ def test_a_library_record_without_fields_is_rendered_with_its_message_as_the_eve
 def test_an_unknown_format_is_refused_with_the_formats_it_knows():
     with pytest.raises(ValueError, match="text, json"):
         logs.formatter("xml")
+
+
+# --- fields bound once, for every event of a job -------------------------------------------------
+
+
+def _events(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_bound_fields_appear_on_every_event_of_any_module_in_the_block_as_json_fields(captured):
+    stream = captured("json")
+    job_id, attempt_id = uuid.uuid4(), uuid.uuid4()
+
+    with logs.bound(job_id=job_id, attempt_id=attempt_id):
+        logs.get("app.actors.runner").info("runner.claimed", worker_id="host:1:2")
+        logs.get("app.delivery.destination").warning("delivery.unreachable", error="ConnectionRefusedError")
+    logs.get("app.actors.runner").info("runner.idle")
+
+    claimed, unreachable, after = _events(stream)
+    assert {k: claimed[k] for k in ("event", "job_id", "attempt_id", "worker_id")} == {
+        "event": "runner.claimed", "job_id": str(job_id), "attempt_id": str(attempt_id), "worker_id": "host:1:2"}
+    assert (unreachable["logger"], unreachable["job_id"], unreachable["attempt_id"]) == (
+        "app.delivery.destination", str(job_id), str(attempt_id))
+    assert "job_id" not in after and "attempt_id" not in after
+
+
+def test_bound_fields_come_first_in_the_text_format_then_the_events_own(captured):
+    stream = captured("text")
+    job_id = uuid.uuid4()
+
+    with logs.bound(job_id=job_id):
+        logs.get("app.test").info("delivery.baseline", present=False)
+
+    assert stream.getvalue().strip().split(" ")[2:] == [
+        "INFO", "app.test", "delivery.baseline", f"job_id={job_id}", "present=False"]
+
+
+def test_a_nested_binding_adds_to_the_outer_one_and_leaving_it_restores_the_outer_one(captured):
+    stream = captured("json")
+    job_id, attempt_id = uuid.uuid4(), uuid.uuid4()
+    log = logs.get("app.test")
+
+    with logs.bound(job_id=job_id):
+        with logs.bound(attempt_id=attempt_id):
+            log.info("inner")
+        log.info("outer")
+
+    inner, outer = _events(stream)
+    assert (inner["job_id"], inner["attempt_id"]) == (str(job_id), str(attempt_id))
+    assert outer["job_id"] == str(job_id) and "attempt_id" not in outer
+
+
+def test_a_nested_binding_of_the_same_field_shadows_it_only_inside(captured):
+    stream = captured("json")
+    log = logs.get("app.test")
+
+    with logs.bound(job_id="outer-job"):
+        with logs.bound(job_id="inner-job"):
+            log.info("inner")
+        log.info("outer")
+
+    assert [e["job_id"] for e in _events(stream)] == ["inner-job", "outer-job"]
+
+
+def test_the_binding_ends_with_its_block_even_when_the_block_raises(captured):
+    stream = captured("json")
+
+    with pytest.raises(RuntimeError), logs.bound(job_id="job-1"):
+        raise RuntimeError("the attempt failed")
+    logs.get("app.test").info("next")
+
+    assert "job_id" not in _events(stream)[0]
+
+
+@pytest.mark.parametrize("fmt", logs.FORMATS)
+def test_an_explicit_field_wins_over_a_bound_one_in_either_format(captured, fmt):
+    stream = captured(fmt)
+
+    with logs.bound(job_id="bound-job", attempt_id="bound-attempt"):
+        logs.get("app.test").info("watcher.stop_confirmed", attempt_id="explicit-attempt")
+
+    line = stream.getvalue().strip()
+    if fmt == "json":
+        event = json.loads(line)
+        assert (event["job_id"], event["attempt_id"]) == ("bound-job", "explicit-attempt")
+    else:
+        assert line.split(" ")[4:] == ["watcher.stop_confirmed", "job_id=bound-job", "attempt_id=explicit-attempt"]
+
+
+def test_another_thread_does_not_see_the_binding_unless_it_runs_in_a_deliberately_copied_context(captured):
+    stream = captured("json")
+    log = logs.get("app.test")
+
+    with logs.bound(job_id="job-1"):
+        plain = threading.Thread(target=log.info, args=("in_a_new_thread",))
+        copied = threading.Thread(target=contextvars.copy_context().run, args=(log.info, "in_a_copied_context"))
+        for thread in (plain, copied):
+            thread.start()
+            thread.join()
+
+    by_event = {e["event"]: e for e in _events(stream)}
+    assert "job_id" not in by_event["in_a_new_thread"]
+    assert by_event["in_a_copied_context"]["job_id"] == "job-1"
+
+
+def test_a_binding_made_in_another_thread_never_reaches_this_one(captured):
+    stream = captured("json")
+    inside, release = threading.Event(), threading.Event()
+
+    def attempt() -> None:
+        with logs.bound(job_id="other-job"):
+            inside.set()
+            release.wait(5)
+
+    other = threading.Thread(target=attempt)
+    other.start()
+    try:
+        assert inside.wait(5)
+        logs.get("app.test").info("here")   # while the other thread's binding is still in force
+    finally:
+        release.set()
+        other.join()
+
+    assert "job_id" not in _events(stream)[0]

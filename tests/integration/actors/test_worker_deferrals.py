@@ -9,7 +9,7 @@ import json
 import psycopg
 import pytest
 
-from app import metrics
+from app import logs, metrics
 from app.actors.builder import ContactsBuilder
 from app.actors.deferral import CIRCUIT_OPEN, DeferralPolicy
 from app.actors.runner import RunOutcome
@@ -157,7 +157,7 @@ def test_a_rejected_credential_fails_at_once_with_a_detail_that_names_it_and_nev
     assert failed["kind"] == "Failed"
     assert failed["detail"].startswith("NotDelivered (configuration): the partner refused the configuration")
     assert "Authentication" in failed["detail"]
-    texts = [failed["detail"], *(r.getMessage() for r in caplog.records)]
+    texts = [failed["detail"], *(logs.TextFormatter().format(r) for r in caplog.records)]
     assert not [s for s in secrets for t in texts if s in t]
     assert not _circuit(worker, worker.destination_id).open
     assert worker.peer.files() == {} and worker.local_files() == []

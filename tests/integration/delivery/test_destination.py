@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from app import logs
 from app.delivery.classifier import Completed, Failed, Unknown
-from app.delivery.destination import Destination, temp_name
+from app.delivery.destination import Destination
 from app.delivery.errors import CredentialError
 from app.delivery.evidence import Evidence, EvidenceStage, Proof
 from app.delivery.listing import ack_name
+from app.delivery.upload import temp_name
 from app.store.types import ExpectedFile, FailureCode
 from tests.fixtures.sftp import SftpPeer, key_secrets, make_client_key
 
@@ -561,8 +563,8 @@ def test_no_secret_appears_in_any_exception_outcome_repr_or_log_record(
     assert isinstance(delivered, Completed)
     assert isinstance(wrong_key, Failed) and isinstance(refused, Failed)
     assert "Authentication" in refused.detail
-    texts += [record.getMessage() for record in caplog.records]
-    texts += [record.exc_text or "" for record in caplog.records]
+    # Each record as a process writes it: the event, its fields (errors travel there) and any traceback.
+    texts += [logs.TextFormatter().format(record) for record in caplog.records]
     leaks = [text for text in texts for secret in secrets if secret in text]
     assert leaks == []
 

@@ -11,7 +11,7 @@ from uuid import UUID
 
 import psycopg
 
-from app.delivery.destination import Evidence, EvidenceStage, Listing
+from app.delivery.evidence import Evidence, EvidenceStage, Listing
 from app.maintenance.recovery import Recovery, RecoveryConfig
 from app.store import cancellation, export, recovery, worker
 from app.store.database import Database

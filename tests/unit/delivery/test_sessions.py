@@ -12,9 +12,10 @@ import paramiko
 import pytest
 
 from app.delivery.config import DestinationConfig
-from app.delivery.destination import Destination, Ready, Unreachable
+from app.delivery.destination import Destination, Unreachable
 from app.delivery.errors import SessionLimitReached
 from app.delivery.sessions import HeldSession, SessionPool
+from app.delivery.upload import Ready
 from app.store.types import ExpectedFile, FailureCause
 from exports_devtools.waiting import wait_until
 

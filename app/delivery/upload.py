@@ -1,0 +1,215 @@
+"""After cutoff 2: a prepared delivery (``Ready``) uploads the file, publishes it under its final name
+and confirms the delivery from what the destination shows.
+
+- ``Ready.complete`` writes the file on the session ``prepare`` opened, under a temporary name in
+  the remote directory, ``.<final>.<attempt_id>.part``: a leading dot and a ``.part`` suffix, which
+  the partner agrees to ignore, and the attempt id so two attempts never share one. Only a complete,
+  verified upload is renamed to the final name.
+- The rename is SSH_FXP_RENAME, which on OpenSSH and ProFTPD refuses an existing target, so a file
+  that lands between the listing and the rename is never replaced. ``posix-rename@openssh.com``,
+  which replaces, is used only for a replacement with an overwrite agreement that found a file.
+- Completed needs evidence read back after the rename: name and size changed from an absent
+  baseline (the partner publishes by atomic rename), stronger with a checksum (``check-file-name``
+  sha256, or a read-back where the contract allows) or the partner's acknowledgment file. An
+  overwrite needs the stronger evidence. Anything that stops the delivery part way goes through the
+  classifier, which answers Failed only on proof that the final name was never written; the look
+  taken afterwards is on a new connection, and the temporary file is removed where it may remain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import paramiko
+
+from app import logs
+from app.delivery import listing
+from app.delivery.classifier import Completed, DeliveryOutcome, Stage, Unknown, classify, describe, is_status_reply
+from app.delivery.config import DestinationConfig
+from app.delivery.credentials import Credential
+from app.delivery.errors import UploadMismatch
+from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof, Receipt
+from app.delivery.session import CHUNK_SIZE, Session, connect
+from app.delivery.sessions import HeldSession, SessionSource
+from app.store.types import ExpectedFile
+
+log = logs.get(__name__)
+
+#: Called with every observation a delivery makes, to append it to the attempt's evidence.
+RecordEvidence = Callable[[Evidence], None]
+
+
+def temp_name(final_name: str, attempt_id: str) -> str:
+    """The temporary name an attempt uploads under; the partner ignores dot-files ending in .part."""
+    return f".{final_name}.{attempt_id}.part"
+
+
+class Ready:
+    """A prepared delivery: the session it holds, the baseline it recorded, and whether it overwrites by
+    agreement. ``complete`` is for after cutoff 2; ``release`` gives the session back unused."""
+
+    def __init__(self, config: DestinationConfig, pinned: paramiko.PKey, source: SessionSource, held: HeldSession,
+                 credential: Credential, expected: ExpectedFile, attempt_id: str, baseline: Listing, overwrite: bool,
+                 record_evidence: RecordEvidence) -> None:
+        self.config = config
+        self.baseline = baseline
+        self.overwrite = overwrite
+        self._pinned = pinned
+        self._source = source
+        self._held: HeldSession | None = held
+        self._credential = credential
+        self._expected = expected
+        self._attempt_id = attempt_id
+        self._record_evidence = record_evidence
+        self._fields = {"attempt_id": attempt_id, "final_name": expected.name}
+
+    @property
+    def reused_session(self) -> bool:
+        return self._held is not None and self._held.reused
+
+    def release(self, *, reusable: bool = True) -> None:
+        """Gives the session back (kept warm when ``reusable`` and the pool wants it). Idempotent."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._source.give_back(held, reusable=reusable)
+
+    def complete(self, local_path: Path | str) -> DeliveryOutcome:
+        """Uploads under the temporary name, renames without overwriting (unless agreed), confirms;
+        never raises for an ordinary error. A BaseException propagates, with the session closed."""
+        if self._held is None:
+            raise RuntimeError("the prepared delivery's session was already given back")
+        session = self._held.session
+        temp = temp_name(self._expected.name, self._attempt_id)
+        stage = Stage.UPLOAD
+        try:
+            self._upload(session, Path(local_path), temp)
+            stage = Stage.RENAME
+            outcome = self._rename(session, temp)
+            if outcome is not None:
+                self._remove_temp(temp, session)
+            else:
+                stage = Stage.CONFIRM
+                outcome = self._confirm(session)
+                log.info("delivery.finished", **self._fields, outcome=outcome.status)
+        except Exception as exc:
+            # The session saw an error: it is closed rather than kept, and the look afterwards is taken
+            # on a new connection.
+            self.release(reusable=False)
+            redact = self._credential.redactions()
+            fresh = self._fresh_listing()
+            outcome = classify(exc, stage=stage, baseline=self.baseline, fresh=fresh, redact=redact)
+            log.warning("delivery.interrupted", **self._fields, stage=stage.value, outcome=outcome.status,
+                        error=describe(exc, redact=redact))
+            if stage in (Stage.UPLOAD, Stage.RENAME):
+                self._remove_temp(temp, None)
+            return outcome
+        except BaseException:
+            self.release(reusable=False)
+            raise
+        self.release(reusable=True)
+        return outcome
+
+    def _upload(self, session: Session, local_path: Path, temp: str) -> None:
+        remote = self.config.remote_path(temp)
+        expected = self._expected
+        digest = hashlib.sha256()
+        size = 0
+        # "x": an exclusive create, so a temporary name is never shared even by mistake.
+        with local_path.open("rb") as source, session.sftp.open(remote, "wbx") as target:
+            target.set_pipelined(True)
+            while chunk := source.read(CHUNK_SIZE):
+                target.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        # Closing waited for every write's reply. Only the file recorded at cutoff 2 may be published.
+        if size != expected.size or digest.digest() != expected.sha256:
+            raise UploadMismatch("the local file is not the expected file recorded at cutoff 2")
+        if session.sftp.stat(remote).st_size != expected.size:
+            raise UploadMismatch("the temporary file's size differs from the expected size")
+
+    def _rename(self, session: Session, temp: str) -> DeliveryOutcome | None:
+        """Rename; None when the server confirmed it, an outcome when it refused."""
+        final = self._expected.name
+        source, target = self.config.remote_path(temp), self.config.remote_path(final)
+        try:
+            if self.overwrite:
+                session.sftp.posix_rename(source, target)
+            else:
+                session.sftp.rename(source, target)
+        except OSError as exc:
+            if not is_status_reply(exc):
+                raise  # no reply, or a broken connection: the rename may have run
+            # The server answered: it refused. OpenSSH says only "Failure", so look rather than parse.
+            fresh = listing.list_final(session, self.config, final, with_hash=True)
+            self._record_later(Evidence(EvidenceStage.RENAME_REFUSED, fresh, self._attempt_id))
+            outcome = classify(exc, stage=Stage.RENAME, baseline=self.baseline, fresh=fresh, rename_refused=True)
+            log.warning("delivery.rename_refused", **self._fields, outcome=outcome.status)
+            return outcome
+        return None
+
+    def _confirm(self, session: Session) -> DeliveryOutcome:
+        expected, baseline = self._expected, self.baseline
+        after = listing.list_final(session, self.config, expected.name, with_hash=True)
+        if self.config.acknowledgments and not after.checksum_matches(expected):
+            after = listing.await_ack(session, self.config, after, baseline)
+        evidence = Evidence(EvidenceStage.RECEIPT, after, self._attempt_id)
+        self._record_later(evidence)
+        # An acknowledgment only counts if it is new: one already there was for an earlier file.
+        fresh_ack = after.ack_matches(expected) and after.ack != baseline.ack
+        if after.contradicts(expected):
+            return Unknown("after the rename the final name holds a file whose size or hash differs")
+        if after.checksum_matches(expected):
+            proof = Proof.CHECKSUM
+        elif fresh_ack:
+            proof = Proof.ACKNOWLEDGMENT
+        elif self.overwrite:
+            # Name and size cannot show an overwrite: a rebuilt export can have the same size.
+            return Unknown("overwrote the final name but no hash or acknowledgment confirms this upload")
+        elif after.present and not baseline.occupied and after.ack is None:
+            # Changed from an absent baseline with the expected size, on a server that publishes by
+            # atomic rename: reasonable evidence, the weakest Completed accepts.
+            proof = Proof.NAME_AND_SIZE
+        else:
+            return Unknown("the destination does not show the delivered file after the rename")
+        return Completed(Receipt(proof=proof, overwrote=self.overwrite, evidence=evidence))
+
+    def _fresh_listing(self) -> Listing | None:
+        """List the final name on a new connection after an interruption; None if that fails too."""
+        try:
+            with connect(self.config, self._pinned, self._credential) as session:
+                fresh = listing.list_final(session, self.config, self._expected.name, with_hash=True)
+        except Exception as exc:
+            log.warning("delivery.fresh_listing_failed", **self._fields,
+                        error=describe(exc, redact=self._credential.redactions()))
+            return None
+        self._record_later(Evidence(EvidenceStage.INTERRUPTED, fresh, self._attempt_id))
+        return fresh
+
+    def _remove_temp(self, temp: str, session: Session | None) -> None:
+        """Best effort: a leftover temporary file holds contact data and needs the cleanup agreement.
+        Without a session, on a new connection."""
+        path = self.config.remote_path(temp)
+        try:
+            if session is not None:
+                session.sftp.remove(path)
+            else:
+                with connect(self.config, self._pinned, self._credential) as fresh_session:
+                    fresh_session.sftp.remove(path)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            log.warning("delivery.temp_cleanup_failed", attempt_id=self._attempt_id, temp_name=temp,
+                        error=describe(exc, redact=self._credential.redactions()))
+            return
+        log.info("delivery.temp_removed", attempt_id=self._attempt_id, temp_name=temp)
+
+    def _record_later(self, evidence: Evidence) -> None:
+        # Later evidence is a bonus: the outcome carries it too, so a failing recorder must not turn
+        # a delivered file into an unknown one.
+        try:
+            self._record_evidence(evidence)
+        except Exception as exc:
+            log.warning("delivery.evidence_not_recorded", attempt_id=self._attempt_id, stage=evidence.stage.value,
+                        error=describe(exc))

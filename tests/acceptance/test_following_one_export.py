@@ -1,0 +1,137 @@
+"""One export followed through the logs by its job_id, as an operator would with ``jq``: ``exports relay``,
+two ``exports worker`` and ``exports scheduler`` as real processes with EXPORTS_LOG_FORMAT=json, every
+line each of them writes one JSON object, and the export's lines (the relay's publications, the claims,
+the delivery's own lines, the terminal write and recovery's takeover) carrying ``job_id`` and
+``attempt_id`` as fields.
+
+Recovery acts on the export because the test makes it: the first attempt's worker is killed while its
+build waits on a table lock the test holds (confirmed with ``pg_blocking_pids``), its lease expires
+(3 s), and the scheduler requeues it for the second worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from typing import Any
+
+import psycopg
+
+from exports_devtools.processes import Running
+from exports_devtools.waiting import wait_until
+from tests.fixtures.processes import System, stop_all
+
+TENANT = "Initech"
+OPERATOR = "alice"
+#: Seconds a step may take, process start-up and one lease expiry included.
+DEADLINE = 90.0
+#: The one line that is not JSON: ``exports worker`` (app/cli/processes.py) prints its pid for the operator
+#: before handing over to Dramatiq, whatever the log format. Allowed only as a worker's first line.
+WORKER_NOTICE = re.compile(r"exports worker: pid \d+ \(SIGTERM or SIGINT stops it gracefully\)")
+
+
+def _status(admin, job_id: str) -> str:
+    return admin.execute("SELECT status FROM export_jobs WHERE id = %s", (job_id,)).fetchone()["status"]
+
+
+def _wait_status(system: System, admin, job_id: str, status: str) -> None:
+    wait_until(lambda: _status(admin, job_id) == status, f"export {job_id} to be {status}", DEADLINE,
+               diagnostics=lambda: f"status {_status(admin, job_id)}\n{system.group.logs()}")
+
+
+def _set_up(system: System, peer) -> None:
+    """A tenant, its operator, contacts and a destination on the partner."""
+    system.cli("tenant", "add", TENANT)
+    system.cli("operator", "grant", "--operator", OPERATOR, "--tenant", TENANT)
+    system.cli("contacts", "generate", "--tenant", TENANT, "--count", "200", "--seed", "1")
+    port = peer.config.port
+    key = peer.config.host_key.split(None, 1)[1]
+    system.cli("destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
+               str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
+               "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}")
+
+
+def _create(system: System) -> str:
+    created = system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json")
+    return created.json["job_id"]
+
+
+def _builder_blocked_by(admin, holder: psycopg.Connection) -> bool:
+    return admin.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'exports-builder' AND %s = ANY(pg_blocking_pids(pid))",
+        (holder.info.backend_pid,)).fetchone()["n"] == 1
+
+
+def _json_lines(process: Running) -> list[dict[str, Any]]:
+    """Every line the process wrote, each parsed as one JSON object: a line that is not one fails the test."""
+    lines = []
+    for number, line in enumerate(process.log().splitlines(), 1):
+        if number == 1 and process.name.startswith("worker") and WORKER_NOTICE.fullmatch(line):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"{process.name}.log line {number} is not JSON: {line!r}") from None
+        assert isinstance(record, dict) and "event" in record, f"{process.name}.log line {number}: {line!r}"
+        lines.append(record)
+    return lines
+
+
+def test_one_export_is_followed_by_its_job_id_through_the_json_logs_of_the_relay_the_workers_and_the_scheduler(
+        system, admin, db_url, embedded_sftp):
+    # DEBUG for the relay's line per published message (at INFO it writes only a count per batch).
+    system.group.env.update(EXPORTS_LOG_FORMAT="json", EXPORTS_DEBUG="1")
+    system.start_all()
+    _set_up(system, embedded_sftp)
+    holder = psycopg.connect(db_url, autocommit=False)
+    holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")   # the first build waits behind it
+    try:
+        job_id = _create(system)
+        _wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        pid = int(admin.execute("SELECT claimed_by FROM export_jobs WHERE id = %s",
+                                (job_id,)).fetchone()["claimed_by"].split(":")[1])
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        holder.rollback()
+        holder.close()
+    _wait_status(system, admin, job_id, "Completed")
+    processes = list(system.group.running)
+    stop_all(system.group)   # every line written and flushed before any is read
+
+    claims = [str(r["attempt_id"]) for r in admin.execute(
+        "SELECT attempt_id FROM export_attempt_events WHERE job_id = %s AND kind = 'Claimed' ORDER BY id", (job_id,))]
+    assert len(claims) == 2
+    first, second = claims
+    # The wake-up and recovery's new one; the sweeper may have added another if a claim was slow.
+    published_ids = {str(r["message_id"]) for r in admin.execute(
+        "SELECT message_id FROM outbox WHERE job_id = %s AND published_at IS NOT NULL", (job_id,))}
+    assert len(published_ids) >= 2
+    # Parsed whole, then selected by the field, as `jq 'select(.job_id == ...)'` would.
+    lines = {p.name: [r for r in _json_lines(p) if r.get("job_id") == job_id] for p in processes}
+    worker_lines = [r for name, records in lines.items() if name.startswith("worker") for r in records]
+
+    def events(records: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+        return [r for r in records if r["event"] == event]
+
+    # The relay: a line for each wake-up it published, naming its outbox row.
+    assert {r["message_id"] for r in events(lines["relay"], "relay.enqueued")} == published_ids
+    # The workers: each claim with the attempt it started, the first in the process that was killed.
+    claimed = {r["attempt_id"]: r["pid"] for r in events(worker_lines, "runner.claimed")}
+    assert claimed.keys() == {first, second} and claimed[first] == pid != claimed[second]
+    # The scheduler: recovery's takeover of the first attempt once its lease expired.
+    assert [(r["attempt_id"], r["written"]) for r in events(lines["scheduler"], "recovery.requeue")] == [(first, True)]
+    # The delivery's own lines (app/delivery) name the job through the runner's binding, and the
+    # second attempt as a field.
+    delivery = [r for r in worker_lines if r["logger"].startswith("app.delivery.")]
+    assert {"delivery.baseline", "delivery.finished"} <= {r["event"] for r in delivery}
+    assert {(r["attempt_id"], r["pid"]) for r in delivery} == {(second, claimed[second])}
+    assert events(delivery, "delivery.finished")[0]["outcome"] == "Completed"
+    # The terminal write.
+    [delivered] = events(worker_lines, "runner.delivered")
+    assert (delivered["attempt_id"], delivered["outcome"], delivered["write"]) == (second, "Completed", "Written")
+    # Every line the runner wrote about the job names its attempt, though no call passes it.
+    assert {r.get("attempt_id") for r in worker_lines if r["logger"] == "app.actors.runner"} == {first, second}
