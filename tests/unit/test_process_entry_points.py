@@ -227,3 +227,27 @@ def test_a_command_that_needs_the_embedded_database_on_an_install_without_it_say
         "exports: error: EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed "
         "(the embedded extra): set EXPORTS_DATABASE_URL"]
     assert not state_dir.exists()
+
+
+@pytest.mark.parametrize("command", ["relay", "worker"])
+def test_a_relay_or_worker_given_a_database_but_no_broker_refuses_to_start_in_one_line(
+        reads, environ, worker_environ, capsys, command):
+    environ.setenv("EXPORTS_DATABASE_URL", CONFIGURED)
+    ran: list[object] = []
+    environ.setattr("app.relay.run_forever", lambda *args: ran.append(args))
+
+    assert cli_main.main([command]) == 2
+
+    assert ran == [] and worker_environ == []
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("exports: error: EXPORTS_BROKER_URL is not set but EXPORTS_DATABASE_URL is")
+
+
+def test_a_worker_process_given_a_database_but_no_broker_refuses_to_start(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EXPORTS_")},
+           "EXPORTS_DATABASE_URL": CONFIGURED, "EXPORTS_STATE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", "import app.worker"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+    assert done.returncode != 0
+    assert "ConfigError: EXPORTS_BROKER_URL is not set but EXPORTS_DATABASE_URL is" in done.stderr
