@@ -87,6 +87,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Called once per process, by its entry point (``app/cli/main.py``, ``app/worker.py``), which
+        passes the result down."""
         env = os.environ if env is None else env
         state_dir = Path(env.get("EXPORTS_STATE_DIR") or "var").resolve()
         settings = cls(
@@ -154,34 +156,23 @@ def _check_address(name: str, value: str) -> None:
         raise ConfigError(f"{name} must be host:port or off, not {value!r}") from None
 
 
-def resolve_database_url(settings: Settings) -> str:
-    """The configured database, else the embedded PostgreSQL under the state directory, started and
-    migrated if need be. Every process resolves its database here, once."""
-    if settings.database_url:
-        return settings.database_url
-    from app import embedded  # pgserver is imported only when there is no configured database
+@dataclass(frozen=True)
+class DatabaseUrls:
+    """The logins of one database: the application's (``exports_app`` and ``exports_dispatcher``: the
+    processes and the operator scripts), the schema owner's (``exports db migrate``, ``db logins``,
+    ``outbox archive``) and the reconciler's (``exports correct``)."""
 
-    return embedded.database_url(settings)
-
-
-def resolve_owner_url(settings: Settings) -> str:
-    """The login that owns the schema, for ``exports db migrate``, ``db logins`` and ``outbox archive``:
-    the configured URL (whose login must then own the schema), else the embedded cluster's owner."""
-    if settings.database_url:
-        return settings.database_url
-    from app import embedded
-
-    return embedded.owner_url(settings)
+    app: str
+    owner: str
+    reconciler: str
 
 
-def resolve_reconciler_url(settings: Settings) -> str:
-    """The login corrections connect with: EXPORTS_RECONCILER_DATABASE_URL, else the application's
-    database (whose login must then be a member of exports_reconciler), else the embedded reconciler
-    login."""
-    if settings.reconciler_database_url:
-        return settings.reconciler_database_url
-    if settings.database_url:
-        return settings.database_url
-    from app import embedded
-
-    return embedded.reconciler_url(settings)
+def configured_database(settings: Settings) -> DatabaseUrls | None:
+    """The configured database's logins: EXPORTS_DATABASE_URL for the application and the owner (whose
+    login must then own the schema), EXPORTS_RECONCILER_DATABASE_URL or else the same for corrections
+    (that login must then be a member of exports_reconciler). None when no database is configured: the
+    process entry point then starts the embedded one (``app.embedded.start``). Starts nothing."""
+    if not settings.database_url:
+        return None
+    return DatabaseUrls(app=settings.database_url, owner=settings.database_url,
+                        reconciler=settings.reconciler_database_url or settings.database_url)

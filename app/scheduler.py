@@ -5,7 +5,7 @@ heartbeat and its metrics (``/metrics``, with gauges read from the database on e
 The services live in ``app/maintenance/``, one per file, each built from a database and its own
 config with a ``run_once()`` that returns counts; this module only wires them in. Every write they
 make is conditional, so any number of schedulers may run at once. (The scavenger runs in each worker
-process instead, for the work directory of its own host: ``app/actors/process.py``.)
+process instead, for the work directory of its own host: ``app/worker.py``.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from app import logs, metrics
-from app.config import Settings, resolve_database_url
+from app.config import Settings
 from app.heartbeat import SILENT_INTERVALS, Heartbeat
 from app.maintenance.heartbeats import PRUNE_INTERVAL_SECONDS, HeartbeatPruner, PruneConfig
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
@@ -66,10 +66,10 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
     return scheduler
 
 
-def run_forever(settings: Settings, stop_event: threading.Event) -> None:
-    """The ``exports scheduler`` process: runs the services until ``stop_event`` is set, then waits
-    for the runs in progress."""
-    url = resolve_database_url(settings)
+def run_forever(settings: Settings, url: str, stop_event: threading.Event) -> None:
+    """The ``exports scheduler`` process on the database ``url`` (the application's login, resolved by
+    its entry point): runs the services until ``stop_event`` is set, then waits for the runs in
+    progress."""
     with Database(url, Role.APP, min_size=1, max_size=4, name="exports-scheduler") as db:
         beating = Heartbeat(db, "scheduler", interval_seconds=settings.heartbeat_seconds).start()
         _serve_metrics(settings, db)

@@ -19,7 +19,8 @@ from collections import OrderedDict
 from typing import Protocol
 
 import redis
-from dramatiq import Middleware
+from dramatiq import Broker, Middleware
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import SkipMessage
 
 from app import logs
@@ -106,3 +107,11 @@ class Deduplicate(Middleware):
             self.store.remember(message.message_id)
         except Exception as exc:
             log.warning("dedup.record_failed", message_id=message.message_id, error=type(exc).__name__)
+
+
+def for_broker(broker: Broker) -> Deduplicate:
+    """The deduplication a consumer of ``broker`` adds: records shared in the broker's own Redis, else
+    (RabbitMQ) the bounded in-process fallback."""
+    if isinstance(broker, RedisBroker):
+        return Deduplicate(RedisSeen(broker.client))
+    return Deduplicate(LocalSeen())

@@ -23,8 +23,6 @@ Options, set deliberately rather than inherited:
 
 from __future__ import annotations
 
-import atexit
-import threading
 from collections.abc import Callable
 from uuid import UUID
 
@@ -38,7 +36,7 @@ from app.actors.policy import ExportPolicy
 from app.actors.runner import ExportRunner, RunOutcome, RunResult
 from app.actors.slots import DatabaseSlots
 from app.actors.watcher import StopWatcher
-from app.config import Settings, resolve_database_url
+from app.config import Settings
 from app.delivery.sessions import SessionPool
 from app.errors import ExportsError
 from app.store.database import Database
@@ -70,20 +68,18 @@ class ClaimUnknown(ExportsError):
 Run = Callable[[UUID], RunResult]
 
 
-def declare(broker: dramatiq.Broker, run: Run | None = None, **options: object) -> dramatiq.Actor:
-    """Declares ``export_ready`` on ``broker``. ``run`` defaults to this process's runner, built from
-    the environment on first use; tests pass their own, and may override options."""
+def declare(broker: dramatiq.Broker, run: Run, **options: object) -> dramatiq.Actor:
+    """Declares ``export_ready`` on ``broker``, running ``run``: the worker process's runner
+    (``app/worker.py``); tests pass their own, and may override options."""
 
     def export_ready(job_id: str) -> None:
-        result = (run or process_runner().run)(UUID(job_id))
+        result = run(UUID(job_id))
         metrics.worker().runs.labels(result.outcome.value).inc()
         log.info("export.processed", job_id=job_id, outcome=result.outcome.value, attempt_id=result.attempt_id,
                  write=result.write.value if result.write else None)
         if result.outcome is RunOutcome.CLAIM_UNKNOWN:
             raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")
 
-    if run is None and not any(isinstance(m, StopPreparationOnShutdown) for m in broker.middleware):
-        broker.add_middleware(StopPreparationOnShutdown())
     return dramatiq.Actor(export_ready, broker=broker, actor_name=ACTOR_NAME, queue_name=QUEUE, priority=0,
                           options={**ACTOR_OPTIONS, **options})
 
@@ -93,31 +89,21 @@ class StopPreparationOnShutdown(dramatiq.Middleware):
     of holding the shutdown for the length of a build; recovery requeues them once their leases
     expire. An upload in progress is left to finish."""
 
+    def __init__(self, runner: Callable[[], ExportRunner | None]) -> None:
+        #: The process's runner, None while it was never built (then nothing is building).
+        self.runner = runner
+
     def before_worker_shutdown(self, broker, worker) -> None:
-        runner = _runner
+        runner = self.runner()
         if runner is not None:
             stopped = runner.shutdown()
             if stopped:
                 log.info("export.shutdown_stopped_preparation", attempts=stopped)
 
 
-_runner: ExportRunner | None = None
-_runner_lock = threading.Lock()
-
-
-def process_runner() -> ExportRunner:
-    """This worker process's runner: one pool, one stop watcher and the shared lease scheduler."""
-    global _runner
-    with _runner_lock:
-        if _runner is None:
-            _runner, close = build_runner(Settings.from_env())
-            atexit.register(close)
-        return _runner
-
-
-def build_runner(settings: Settings, **overrides: object) -> tuple[ExportRunner, Callable[[], None]]:
-    """A runner wired from settings, and the function that releases what it holds."""
-    url = resolve_database_url(settings)
+def build_runner(settings: Settings, url: str, **overrides: object) -> tuple[ExportRunner, Callable[[], None]]:
+    """A runner wired from settings on the database ``url`` (the application's login), and the function
+    that releases what it holds."""
     db = Database(url, Role.APP, max_size=8, name="exports-worker")
     # One connection per SSH session open to a partner (each holds its session slot's lock): the
     # worker's threads, and the warm sessions kept between deliveries.

@@ -1,7 +1,7 @@
 """What every ``exports`` subcommand shares: the exit codes and the one table that maps the application's
 errors to them, the one-line error, argument types that refuse hostile input before it reaches the
 database, the parsers' common shape (each leaf's ``--help`` lists the exit codes it can return), and the
-context that resolves the database."""
+context that resolves the database (the one place a command starts the embedded one)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from uuid import UUID
 
 import psycopg
 
-from app.config import ConfigError, Settings, resolve_database_url, resolve_reconciler_url
+from app.config import ConfigError, DatabaseUrls, Settings, configured_database
 from app.errors import ExportsError
 from app.store.database import connect
 from app.store.types import Role, Status
@@ -258,23 +258,34 @@ def group(subparsers: argparse._SubParsersAction, name_: str, help_: str) -> arg
 
 @dataclass
 class Context:
-    """Per invocation: the settings, the output mode, the database URL resolved once, and the
-    read-only views opened on first use (``close`` releases them)."""
+    """Per invocation: the settings (read once, by ``main``), the output mode, the database's logins
+    resolved once, and the read-only views opened on first use (``close`` releases them)."""
 
     settings: Settings
     json: bool = False
-    _url: str | None = field(default=None, repr=False)
+    _database: DatabaseUrls | None = field(default=None, repr=False)
     _views: Views | None = field(default=None, repr=False)
 
+    def database(self) -> DatabaseUrls:
+        """The configured database's logins; with none configured, the embedded PostgreSQL's, started
+        (or joined) here, on a command's first use of the database, and never for a command that does
+        not use it."""
+        if self._database is None:
+            self._database = configured_database(self.settings)
+        if self._database is None:
+            from app import embedded
+
+            self._database = embedded.start(self.settings)
+        return self._database
+
     def database_url(self) -> str:
-        if self._url is None:
-            self._url = resolve_database_url(self.settings)
-        return self._url
+        """The application's login."""
+        return self.database().app
 
     @contextmanager
     def connection(self, role: Role = Role.APP) -> Iterator[psycopg.Connection]:
         """A connection as ``role``; a correction's (exports_reconciler) uses the reconciler's own login."""
-        url = resolve_reconciler_url(self.settings) if role is Role.RECONCILER else self.database_url()
+        url = self.database().reconciler if role is Role.RECONCILER else self.database_url()
         conn = connect(url, role, application_name="exports-cli")
         try:
             yield conn

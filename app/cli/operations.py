@@ -9,7 +9,6 @@ from pathlib import Path
 from app import health as health_checks
 from app.cli.common import EXIT_FAILURE, EXIT_OK, Context, Exit, command, group, text
 from app.cli.output import emit, table
-from app.config import resolve_database_url, resolve_owner_url
 from app.heartbeat import SILENT_INTERVALS
 from app.store import heartbeat, retention
 
@@ -68,7 +67,7 @@ _days.__name__ = "days"
 
 
 def health(ctx: Context, args: argparse.Namespace) -> int:
-    checks = health_checks.run(ctx.settings, resolve_database_url(ctx.settings), require=args.require)
+    checks = health_checks.run(ctx.settings, ctx.database_url(), require=args.require)
     healthy = all(c.ok for c in checks)
     emit(ctx, "\n".join(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks),
          {"healthy": healthy, "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
@@ -97,7 +96,7 @@ def processes(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def outbox_archive(ctx: Context, args: argparse.Namespace) -> int:
-    done = retention.archive_published(resolve_owner_url(ctx.settings), older_than_seconds=args.older_than * 86400,
+    done = retention.archive_published(ctx.database().owner, older_than_seconds=args.older_than * 86400,
                                        archive_dir=Path(args.to))
     emit(ctx, f"{done.rows} published outbox rows archived and deleted"
               + (f" into {len(done.files)} file(s) in {args.to}" if done.files else ""),

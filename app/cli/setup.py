@@ -25,7 +25,6 @@ from app.cli.common import (
     text,
 )
 from app.cli.output import emit, table
-from app.config import resolve_owner_url
 from app.delivery.credentials import parse_credential_ref
 from app.delivery.errors import CredentialError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
@@ -136,7 +135,7 @@ _retries.__name__ = "retries"
 
 
 def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
-    applied = migrate(resolve_owner_url(ctx.settings))
+    applied = migrate(ctx.database().owner)
     emit(ctx, "schema applied" if applied else "schema already up to date", {"applied": applied})
     return EXIT_OK
 
@@ -144,7 +143,7 @@ def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
 def db_logins(ctx: Context, args: argparse.Namespace) -> int:
     names = logins.Logins(app=args.app_login, reconciler=args.reconciler_login)
     if args.apply:
-        logins.apply(resolve_owner_url(ctx.settings), names)
+        logins.apply(ctx.database().owner, names)
         emit(ctx, f"logins {names.app!r} and {names.reconciler!r} ready", {"applied": True, "app": names.app,
                                                                             "reconciler": names.reconciler})
         return EXIT_OK

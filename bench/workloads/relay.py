@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from app.actors.broker import build_broker
+from app.broker import build_broker
 from app.config import Settings
 from app.relay import Relay, message_for
 from app.store.database import Database

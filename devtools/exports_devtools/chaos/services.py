@@ -170,7 +170,7 @@ class SoakServices:
 
             settings = Settings(state_dir=self.state_dir)
             self.started_database = not embedded.database_running(settings)
-            self.owner_url = embedded.owner_url(settings, self.database)
+            self.owner_url = embedded.start(settings, self.database).owner
             self.app_url = make_conninfo(self.owner_url, user=logins.APP_LOGIN)
             self.reconciler_url = make_conninfo(self.owner_url, user=logins.RECONCILER_LOGIN)
             self.server_url = make_conninfo(self.owner_url, dbname="postgres")

@@ -211,8 +211,9 @@ class Demo:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started_database = not embedded.database_running(settings)
         database = "demo_" + datetime.now().strftime("%Y%m%d_%H%M%S")
-        self.owner_url = embedded.owner_url(settings, database)
-        self.url = embedded.database_url(settings, database)   # the application's login, as in production
+        logins = embedded.start(settings, database)
+        self.owner_url = logins.owner
+        self.url = logins.app   # the application's login, as in production
         self.owner = store.connect_owner(self.owner_url)
         # None can still be running: run() checked that no kept demo is.
         store.drop_earlier_demos(self.owner, current=database)
@@ -229,7 +230,7 @@ class Demo:
         say(f"  partner SFTP server on 127.0.0.1:{self.partner.port}, files under {self.partner.root}")
         self.link = TcpProxy(self.partner.port)
         self.env = clean_environ(EXPORTS_DATABASE_URL=self.url,
-                                 EXPORTS_RECONCILER_DATABASE_URL=embedded.reconciler_url(settings, database),
+                                 EXPORTS_RECONCILER_DATABASE_URL=logins.reconciler,
                                  EXPORTS_BROKER_URL=f"unix://{self.redis.socket_file}",
                                  EXPORTS_RELAY_METRICS="off", EXPORTS_SCHEDULER_METRICS="off",
                                  EXPORTS_WORKER_METRICS="off", EXPORTS_STATE_DIR=str(settings.state_dir),

@@ -668,7 +668,7 @@ def test_the_scheduler_runs_each_service_at_most_once_at_a_time_with_missed_runs
 
     jobs_ = {job.id: job for job in scheduler.get_jobs()}
 
-    # The scavenger runs on the worker hosts, beside the files it deletes (app/actors/process.py).
+    # The scavenger runs on the worker hosts, beside the files it deletes (app/worker.py).
     assert set(jobs_) == {"recovery", "reconciliation", "sweeper", "retries", "heartbeats"}
     assert all(job.max_instances == 1 and job.coalesce for job in jobs_.values())
     assert jobs_["recovery"].trigger.interval.total_seconds() == 10.0
@@ -708,7 +708,7 @@ def test_run_forever_takes_an_expired_attempt_over_and_stops_when_asked(db_url, 
     job = seed.running()
     seed.expire_lease(job)
     stop = threading.Event()
-    thread = threading.Thread(target=run_forever, args=(settings_for(tmp_path, database_url=db_url), stop),
+    thread = threading.Thread(target=run_forever, args=(settings_for(tmp_path, database_url=db_url), db_url, stop),
                               daemon=True)
     thread.start()
     try:

@@ -76,12 +76,12 @@ def test_the_export_actor_has_no_time_limit_and_bounded_retries_with_backoff(bro
 ])
 def test_importing_the_worker_entry_point_installs_the_broker_from_the_environment_and_declares_the_actor(
         tmp_path, url, broker_class):
-    # A fresh interpreter, as `dramatiq app.actors.worker` is: the package is imported before anything else.
+    # A fresh interpreter, as a worker process is: the package is imported before anything else.
     probe = (
-        "import dramatiq, app.actors.worker\n"
+        "import dramatiq, app.worker\n"
         "from app.actors.dedup import Deduplicate\n"
         "b = dramatiq.get_broker()\n"
-        "assert b.get_actor('export_ready') is app.actors.worker.export_ready\n"
+        "assert b.get_actor('export_ready') is app.worker.export_ready\n"
         "assert any(isinstance(m, Deduplicate) for m in b.middleware)\n"
         "print(type(b).__name__)\n")
     env = {**os.environ, "EXPORTS_BROKER_URL": url, "EXPORTS_STATE_DIR": str(tmp_path)}

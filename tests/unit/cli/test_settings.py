@@ -1,4 +1,5 @@
-"""The settings the command reads, and the one resolution of the database URL every process uses."""
+"""The settings the command reads, and the one resolution of the database's logins every command and
+process uses: the configured ones, else the embedded database's, started by the context that needs it."""
 
 from __future__ import annotations
 
@@ -10,45 +11,70 @@ from pathlib import Path
 import pytest
 
 import app
-from app.config import ConfigError, Settings, resolve_database_url
+from app.cli.common import Context
+from app.config import ConfigError, DatabaseUrls, Settings, configured_database
 
 ROOT = Path(__file__).resolve().parents[3]
+EMBEDDED = DatabaseUrls(app="postgresql:///exports?host=/embedded&user=exports_app_login",
+                        owner="postgresql:///exports?host=/embedded",
+                        reconciler="postgresql:///exports?host=/embedded&user=exports_reconciler_login")
 
 
 @pytest.fixture
 def embedded(monkeypatch) -> types.SimpleNamespace:
-    """Stands in for app.embedded, counting the embedded databases asked for."""
+    """Stands in for app.embedded, counting the embedded databases started."""
     calls: list[Settings] = []
 
-    def database_url(settings: Settings) -> str:
+    def start(settings: Settings) -> DatabaseUrls:
         calls.append(settings)
-        return "postgresql:///exports?host=/embedded"
+        return EMBEDDED
 
-    fake = types.SimpleNamespace(database_url=database_url, calls=calls)
+    fake = types.SimpleNamespace(start=start, calls=calls)
     monkeypatch.setitem(sys.modules, "app.embedded", fake)
     monkeypatch.setattr(app, "embedded", fake, raising=False)
     return fake
 
 
-def test_a_configured_database_url_is_returned_as_is_without_asking_for_the_embedded_one(embedded):
+def test_a_configured_database_url_is_every_login_as_is_without_starting_the_embedded_one(embedded):
     url = "postgresql://exports@db.internal:5432/exports?sslmode=require"
+    ctx = Context(Settings(database_url=url))
 
-    assert resolve_database_url(Settings(database_url=url)) == url
+    assert configured_database(ctx.settings) == DatabaseUrls(app=url, owner=url, reconciler=url)
+    assert (ctx.database_url(), ctx.database().owner, ctx.database().reconciler) == (url, url, url)
     assert embedded.calls == []
 
 
-def test_without_a_configured_url_the_embedded_database_is_resolved_for_these_settings(embedded, tmp_path):
-    settings = Settings(database_url=None, state_dir=tmp_path)
+def test_a_configured_reconciler_url_names_the_reconcilers_login_and_only_that():
+    url, reconciler = "postgresql://app@db/exports", "postgresql://reconciler@db/exports"
 
-    assert resolve_database_url(settings) == "postgresql:///exports?host=/embedded"
+    assert configured_database(Settings(database_url=url, reconciler_database_url=reconciler)) == DatabaseUrls(
+        app=url, owner=url, reconciler=reconciler)
+
+
+def test_without_a_configured_url_the_context_starts_the_embedded_database_once_for_its_settings(
+        embedded, tmp_path):
+    settings = Settings(database_url=None, state_dir=tmp_path)
+    ctx = Context(settings)
+
+    assert configured_database(settings) is None
+    assert (ctx.database_url(), ctx.database().owner, ctx.database().reconciler) == (
+        EMBEDDED.app, EMBEDDED.owner, EMBEDDED.reconciler)
     assert embedded.calls == [settings]
 
 
 def test_an_empty_database_url_in_the_environment_means_the_embedded_one(embedded, tmp_path):
     settings = Settings.from_env({"EXPORTS_DATABASE_URL": "", "EXPORTS_STATE_DIR": str(tmp_path)})
 
-    resolve_database_url(settings)
+    assert configured_database(settings) is None
+    assert Context(settings).database_url() == EMBEDDED.app
     assert embedded.calls == [settings]
+
+
+def test_a_context_that_never_uses_the_database_starts_no_embedded_one(embedded, tmp_path):
+    ctx = Context(Settings(state_dir=tmp_path))
+    ctx.close()
+
+    assert embedded.calls == []
 
 
 def test_importing_the_command_starts_and_imports_no_embedded_service():

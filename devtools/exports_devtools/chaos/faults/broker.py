@@ -11,7 +11,7 @@ from app.relay import EXPORT_QUEUE
 from exports_devtools.chaos.record import Injection
 from exports_devtools.chaos.system import ChaosSystem
 
-#: Dramatiq's Redis key namespace (its default, which app.actors.broker keeps).
+#: Dramatiq's Redis key namespace (its default, which app.broker keeps).
 DRAMATIQ_NAMESPACE = "dramatiq"
 
 
