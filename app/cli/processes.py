@@ -15,11 +15,12 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 
 from app import logs, metrics
 from app.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, Context, Exit, command, positive_int
+
+log = logs.get(__name__)
 
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
 DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
@@ -112,5 +113,7 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
         os.environ["dramatiq_prom_db"] = str(ctx.settings.state_dir / f"worker-metrics-{os.getpid()}")
     argv = ["app.worker", "--processes", str(args.processes), "--threads", str(args.threads),
             "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS), *args.forwarded]
-    print(f"exports worker: pid {os.getpid()} (SIGTERM or SIGINT stops it gracefully)", file=sys.stderr, flush=True)
+    # In the process's own log format, so a JSON log stays JSON from its first line.
+    log.info("worker.starting", pid=os.getpid(), processes=args.processes, threads=args.threads,
+             stop="SIGTERM or SIGINT stops it gracefully; a second SIGTERM at once")
     return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))

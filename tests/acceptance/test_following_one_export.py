@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 from typing import Any
 
@@ -27,9 +26,6 @@ TENANT = "Initech"
 OPERATOR = "alice"
 #: Seconds a step may take, process start-up and one lease expiry included.
 DEADLINE = 90.0
-#: The one line that is not JSON: ``exports worker`` (app/cli/processes.py) prints its pid for the operator
-#: before handing over to Dramatiq, whatever the log format. Allowed only as a worker's first line.
-WORKER_NOTICE = re.compile(r"exports worker: pid \d+ \(SIGTERM or SIGINT stops it gracefully\)")
 
 
 def _status(admin, job_id: str) -> str:
@@ -69,8 +65,6 @@ def _json_lines(process: Running) -> list[dict[str, Any]]:
     """Every line the process wrote, each parsed as one JSON object: a line that is not one fails the test."""
     lines = []
     for number, line in enumerate(process.log().splitlines(), 1):
-        if number == 1 and process.name.startswith("worker") and WORKER_NOTICE.fullmatch(line):
-            continue
         try:
             record = json.loads(line)
         except ValueError:
