@@ -6,7 +6,8 @@ turns each into an exit code::
 
     ExportsError                    app/errors.py
         ConfigError (ValueError)    app/config.py            a setting we cannot use: an EXPORTS_* variable,
-                                                              the broker URL, a deferral policy
+                                                              the broker URL, a deferral policy, a process's or
+                                                              a maintenance service's configuration
         StoreError                  app/store/errors.py      a row count the statement's conditions make impossible
             ChangedUnderLock                                 a row changed while we held its lock
         SchemaTooNew                app/store/migrate.py     the database's schema is newer than this release's

@@ -35,7 +35,7 @@ from dramatiq.common import current_millis
 
 from app import logs, metrics
 from app.broker import build_broker
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.heartbeat import Heartbeat
 from app.store import connector, errors
 from app.store.database import Database, connect
@@ -150,9 +150,9 @@ class Relay:
 
     def __init__(self, settings: Settings, db: Database, broker: Broker, *, queue_name: str = EXPORT_QUEUE):
         if db.role is not Role.DISPATCHER:
-            raise ValueError(f"the relay runs as {Role.DISPATCHER.value}, not {db.role.value}")
+            raise ConfigError(f"the relay runs as {Role.DISPATCHER.value}, not {db.role.value}")
         if settings.relay_batch_size < 1 or settings.relay_poll_seconds <= 0:
-            raise ValueError("relay_batch_size must be at least 1 and relay_poll_seconds positive")
+            raise ConfigError("relay_batch_size must be at least 1 and relay_poll_seconds positive")
         self.settings = settings
         self.db = db
         self.broker = broker

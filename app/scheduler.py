@@ -19,7 +19,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from app import logs, metrics
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.heartbeat import SILENT_INTERVALS, Heartbeat
 from app.maintenance.heartbeats import PRUNE_INTERVAL_SECONDS, HeartbeatPruner, PruneConfig
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
@@ -47,7 +47,7 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
     """The services at their intervals, each at most one run at a time (``max_instances=1``) with
     missed runs folded into one (``coalesce``). Not started."""
     if db.role is not Role.APP:
-        raise ValueError(f"the scheduler runs as {Role.APP.value}, not {db.role.value}")
+        raise ConfigError(f"the scheduler runs as {Role.APP.value}, not {db.role.value}")
     scheduler: BaseScheduler = (BlockingScheduler if blocking else BackgroundScheduler)(timezone="UTC")
     recovery = Recovery(db, RecoveryConfig.from_settings(settings), inspect_destination)
     services = (

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app import logs
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.heartbeat import SILENT_INTERVALS
 from app.store import heartbeat
 from app.store.database import Database
@@ -37,9 +37,9 @@ class PruneConfig:
 
     def __post_init__(self) -> None:
         if not self.retention_seconds > 0 or not self.silent_seconds > 0:
-            raise ValueError("retention_seconds and silent_seconds must be positive")
+            raise ConfigError("retention_seconds and silent_seconds must be positive")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
+            raise ConfigError(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PruneConfig:

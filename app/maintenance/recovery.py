@@ -22,7 +22,7 @@ from typing import assert_never
 from uuid import UUID
 
 from app import logs
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
@@ -72,7 +72,7 @@ class RecoveryConfig:
         for name in ("max_attempts", "batch_size", "reconcile_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+                raise ConfigError(f"{name} must be a whole number of at least 1, not {value!r}")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RecoveryConfig:

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 
 from app import logs, metrics
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.store import export, retries
 from app.store.database import Database
 from app.store.retries import RetryCandidate
@@ -44,9 +44,9 @@ class RetryConfig:
 
     def __post_init__(self) -> None:
         if not self.backoff_seconds > 0 or not self.window_seconds > 0:
-            raise ValueError("backoff_seconds and window_seconds must be positive")
+            raise ConfigError("backoff_seconds and window_seconds must be positive")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
+            raise ConfigError(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryConfig:

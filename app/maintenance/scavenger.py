@@ -17,7 +17,7 @@ from pathlib import Path
 from uuid import UUID
 
 from app import logs
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.store import scavenger
 from app.store.database import Database
 from app.store.scavenger import AttemptState
@@ -44,7 +44,7 @@ class ScavengerConfig:
 
     def __post_init__(self) -> None:
         if not self.orphan_grace_seconds > 0:
-            raise ValueError(f"orphan_grace_seconds must be positive, not {self.orphan_grace_seconds!r}")
+            raise ConfigError(f"orphan_grace_seconds must be positive, not {self.orphan_grace_seconds!r}")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ScavengerConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app import logs
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.store import sweeper
 from app.store.database import Database
 
@@ -24,9 +24,9 @@ class SweeperConfig:
 
     def __post_init__(self) -> None:
         if not self.sweep_after_seconds > 0:
-            raise ValueError(f"sweep_after_seconds must be positive, not {self.sweep_after_seconds!r}")
+            raise ConfigError(f"sweep_after_seconds must be positive, not {self.sweep_after_seconds!r}")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
+            raise ConfigError(f"batch_size must be a whole number of at least 1, not {self.batch_size!r}")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SweeperConfig:
