@@ -1,14 +1,17 @@
 -- Process heartbeats: written by the processes themselves, read by health checks and operators only.
 
 -- name: heartbeat_beat
--- A conditional upsert: a process that was recorded as stopped never comes back under its id (a pid
--- reused after a restart is a new process only once the old row is pruned), so a late beat from a
--- process that already said goodbye changes nothing.
+-- A conditional upsert: a process that was recorded as stopped never comes back under its id, so a late
+-- beat from a process that already said goodbye changes nothing. A process that started later under the
+-- same host:pid is a new one (a container restarted with the same hostname runs as pid 1 again), and the
+-- pid being in use again means the old one is gone: the new process takes the row over, rather than
+-- staying invisible to `exports processes` and `exports health --require` until the old row is pruned.
 INSERT INTO process_heartbeats AS h (process_id, role, host, pid, version, started_at, beat_at)
 VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(version)s, %(started_at)s, clock_timestamp())
 ON CONFLICT (process_id) DO UPDATE
-SET beat_at = clock_timestamp(), version = EXCLUDED.version
-WHERE h.stopped_at IS NULL AND h.started_at = EXCLUDED.started_at
+SET beat_at = clock_timestamp(), version = EXCLUDED.version, role = EXCLUDED.role,
+    started_at = EXCLUDED.started_at, stopped_at = NULL
+WHERE (h.stopped_at IS NULL AND h.started_at = EXCLUDED.started_at) OR EXCLUDED.started_at > h.started_at
 RETURNING process_id;
 
 -- name: heartbeat_stop

@@ -38,12 +38,37 @@ def test_a_beat_after_a_clean_stop_changes_nothing(conn):
     assert record.stopped_at is not None
 
 
-def test_a_new_process_that_reuses_a_pid_does_not_revive_the_old_record(conn):
+def test_a_process_that_reuses_a_stopped_processs_pid_takes_its_row_over_and_the_old_ones_late_beat_changes_nothing(
+        conn):
     old = _identity()
     heartbeat.beat(conn, old)
+    heartbeat.stop(conn, old)
+    reborn = dataclasses.replace(old, role="relay", started_at=datetime.now(UTC))
+
+    assert heartbeat.beat(conn, reborn)
+    assert heartbeat.beat(conn, old) is False
+    [record] = heartbeat.processes(conn)
+    assert record.identity == reborn and record.stopped_at is None
+
+
+def test_a_process_that_reuses_a_silent_processs_pid_takes_its_row_over(conn):
+    old = _identity()
+    heartbeat.beat(conn, old)   # never stopped: it died, and the container came back as the same host:pid
     reborn = dataclasses.replace(old, started_at=datetime.now(UTC))
 
-    assert heartbeat.beat(conn, reborn) is False
+    assert heartbeat.beat(conn, reborn)
+    [record] = heartbeat.processes(conn)
+    assert record.identity == reborn
+
+
+def test_a_process_that_started_earlier_under_the_same_id_cannot_take_a_newer_row_back(conn):
+    newer = _identity()
+    older = dataclasses.replace(newer, started_at=datetime(2020, 1, 1, tzinfo=UTC))
+    heartbeat.beat(conn, newer)
+
+    assert heartbeat.beat(conn, older) is False
+    [record] = heartbeat.processes(conn)
+    assert record.identity == newer
 
 
 def test_a_worker_lists_the_attempts_it_holds_and_another_process_none(conn, seed):
