@@ -6,8 +6,7 @@ authentication and the opening of the SFTP subsystem by ``connect_timeout``, and
 by ``io_timeout`` through the channel's timeout. Its socket has TCP_NODELAY set: an SFTP exchange is a
 string of small requests, each answered before the next is sent, which Nagle's algorithm and delayed
 ACKs slow by tens of milliseconds each. The session also holds the two ways of hashing a remote file,
-which are SFTP requests rather than delivery decisions, and the check a warm session passes before
-reuse. What paramiko's errors mean is decided here too (``is_status_reply``).
+which are SFTP requests rather than delivery decisions. What paramiko's errors mean is decided here too (``is_status_reply``).
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ log = logs.get(__name__)
 
 #: Bytes per SFTP read or write request; paramiko splits anything larger anyway.
 CHUNK_SIZE = 32768
-#: Seconds a warm session's check before reuse may take; a slower answer means it is not fit to reuse.
-HEALTH_CHECK_TIMEOUT = 5.0
 #: Seconds between SSH keepalives on an open session, so an idle warm session is not dropped unseen.
 KEEPALIVE_SECONDS = 15
 
@@ -46,26 +43,6 @@ class Session:
 
     client: paramiko.SSHClient
     sftp: paramiko.SFTPClient
-
-    def healthy(self, remote_dir: str, io_timeout: float) -> bool:
-        """True when the connection is up and the server answers a stat of the remote directory in time:
-        the check a warm session passes before it is reused. Any doubt answers False."""
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            return False
-        channel = self.sftp.get_channel()
-        try:
-            channel.settimeout(min(HEALTH_CHECK_TIMEOUT, io_timeout))
-            self.sftp.stat(remote_dir)
-        except Exception as exc:
-            log.info("destination.session_unhealthy", error=describe(exc))
-            return False
-        finally:
-            try:
-                channel.settimeout(io_timeout)
-            except Exception:   # a dead channel: the False above already says so
-                pass
-        return True
 
     def close(self) -> None:
         for close in (self.sftp.close, self.client.close):

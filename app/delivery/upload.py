@@ -64,10 +64,8 @@ class Ready:
         self._attempt_id = attempt_id
         self._record_evidence = record_evidence
         self._fields = {"attempt_id": attempt_id, "final_name": expected.name}
-
-    @property
-    def reused_session(self) -> bool:
-        return self._held is not None and self._held.reused
+        #: Whether the delivery runs on a warm session; kept, since the session is given back when it ends.
+        self.reused_session = held.reused
 
     def release(self, *, reusable: bool = True) -> None:
         """Gives the session back (kept warm when ``reusable`` and the pool wants it). Idempotent."""

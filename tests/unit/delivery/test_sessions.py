@@ -1,6 +1,6 @@
-"""A worker's pool of SSH sessions: within each destination's slots, one kept warm per destination,
-reused only after a health check, closed when idle; and what a prepared delivery does with a warm
-session that died anyway."""
+"""A worker's pool of SSH sessions: within each destination's slots, every one handed back reusable kept
+warm (so a steady load opens none), reused while its transport is up, closed when idle; and what a
+prepared delivery does with a warm session that died anyway."""
 
 from __future__ import annotations
 
@@ -36,9 +36,7 @@ class _Transport:
 @dataclass(eq=False)
 class FakeSession:
     alive: bool = True
-    healthy_answer: bool = True
     closed: bool = False
-    checks: int = 0
 
     @property
     def client(self):
@@ -49,10 +47,6 @@ class FakeSession:
                 return _Transport(session)
 
         return Client()
-
-    def healthy(self, remote_dir: str, io_timeout: float) -> bool:
-        self.checks += 1
-        return self.healthy_answer and not self.closed
 
     def close(self) -> None:
         self.closed = True
@@ -99,7 +93,7 @@ def _pool(opened: list[FakeSession], slots: FakeSlots | None, **options) -> Sess
     return SessionPool(slots, connect=connect, **options)
 
 
-def test_a_session_given_back_reusable_is_kept_warm_and_reused_after_a_health_check(opened):
+def test_a_session_given_back_reusable_is_kept_warm_and_reused_while_its_transport_is_up(opened):
     pool = _pool(opened, FakeSlots(2))
     destination = uuid.uuid4()
 
@@ -108,25 +102,50 @@ def test_a_session_given_back_reusable_is_kept_warm_and_reused_after_a_health_ch
     second = pool.open(destination, CONFIG, KEY, None)
 
     assert second.session is first.session and second.reused and not first.session.closed
-    assert first.session.checks == 1
     assert (pool.opened, pool.reused, len(opened)) == (1, 1, 1)
     pool.close()
 
 
-def test_a_warm_session_that_fails_its_check_is_closed_and_a_new_one_opened_on_the_same_slot(opened):
+def test_a_warm_session_whose_transport_died_while_idle_is_closed_with_its_slot_and_a_new_one_opened(opened):
     slots = FakeSlots(1)
     pool = _pool(opened, slots)
     destination = uuid.uuid4()
     first = pool.open(destination, CONFIG, KEY, None)
     pool.give_back(first, reusable=True)
-    first.session.healthy_answer = False
+    first.session.alive = False
 
     second = pool.open(destination, CONFIG, KEY, None)
 
     assert first.session.closed and second.session is not first.session and not second.reused
-    assert slots.held[destination] == 1   # the one slot, kept for the new session
+    assert slots.held[destination] == 1   # the dead session's slot freed, one taken for the new session
     pool.give_back(second, reusable=False)
     assert slots.held[destination] == 0
+
+
+def test_a_steady_load_on_two_threads_keeps_two_sessions_warm_and_opens_none_after_the_first_two(opened):
+    slots = FakeSlots(4)
+    pool = _pool(opened, slots)
+    destination = uuid.uuid4()
+
+    for _ in range(50):   # two deliveries at a time, as two worker threads would make them
+        a, b = pool.open(destination, CONFIG, KEY, None), pool.open(destination, CONFIG, KEY, None)
+        pool.give_back(a, reusable=True)
+        pool.give_back(b, reusable=True)
+
+    assert (pool.opened, pool.reused, pool.idle, slots.held[destination]) == (2, 98, 2, 2)
+    pool.close()
+    assert slots.held[destination] == 0 and all(s.closed for s in opened)
+
+
+def test_the_most_recently_used_session_is_reused_first_so_the_others_can_idle_out(opened):
+    pool = _pool(opened, FakeSlots(4))
+    destination = uuid.uuid4()
+    older, newer = pool.open(destination, CONFIG, KEY, None), pool.open(destination, CONFIG, KEY, None)
+    pool.give_back(older, reusable=True)
+    pool.give_back(newer, reusable=True)
+
+    assert pool.open(destination, CONFIG, KEY, None).session is newer.session
+    pool.close()
 
 
 def test_no_free_slot_raises_session_limit_reached_without_connecting(opened):
@@ -157,7 +176,7 @@ def test_a_failed_connection_frees_its_slot(opened):
     assert slots.held[destination] == 0
 
 
-def test_one_session_per_destination_is_kept_warm_and_the_rest_are_closed_with_their_slots(opened):
+def test_every_session_given_back_reusable_is_kept_with_its_slot_until_the_pool_closes(opened):
     slots = FakeSlots(2)
     pool = _pool(opened, slots)
     destination = uuid.uuid4()
@@ -166,10 +185,10 @@ def test_one_session_per_destination_is_kept_warm_and_the_rest_are_closed_with_t
     pool.give_back(first, reusable=True)
     pool.give_back(second, reusable=True)
 
-    assert not first.session.closed and second.session.closed
-    assert (pool.idle, slots.held[destination]) == (1, 1)
+    assert not first.session.closed and not second.session.closed
+    assert (pool.idle, slots.held[destination]) == (2, 2)
     pool.close()
-    assert first.session.closed and slots.held[destination] == 0
+    assert first.session.closed and second.session.closed and slots.held[destination] == 0
 
 
 def test_a_session_that_saw_an_error_or_lost_its_transport_is_never_kept(opened):
