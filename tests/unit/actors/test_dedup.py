@@ -1,22 +1,23 @@
-"""The deduplication store on a server-less Redis (fakeredis): a processed message id is remembered with
-a TTL and a second copy is skipped; the store fails open, so an unreadable record lets the message run
-and the conditional claim decide. Tests that need Redis's real Lua and blocking semantics (the broker
-itself) run against a real Redis elsewhere."""
+"""The deduplication store: a processed message id is remembered for its TTL and a second copy is
+skipped; the middleware fails open, so an unreadable record lets the message run and the conditional
+claim decide. Records live in the worker process: sharing them in Redis cost two round trips per
+message to spare one read of the row for a rare copy (app/actors/dedup.py)."""
 
 from __future__ import annotations
 
 import dramatiq
-import fakeredis
 import pytest
-import redis
 from dramatiq.middleware import SkipMessage
 
-from app.actors.dedup import DEFAULT_TTL_SECONDS, KEY_PREFIX, Deduplicate, RedisSeen
+from app.actors.dedup import DEFAULT_TTL_SECONDS, Deduplicate, LocalSeen, for_broker
 
 
-@pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis()
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def _message(message_id: str) -> dramatiq.Message:
@@ -24,24 +25,30 @@ def _message(message_id: str) -> dramatiq.Message:
                             message_id=message_id)
 
 
-def test_a_processed_message_id_is_remembered_with_its_ttl(client):
-    RedisSeen(client).remember("m-1")
-
-    assert client.exists(KEY_PREFIX + "m-1") == 1
-    assert 0 < client.ttl(KEY_PREFIX + "m-1") <= DEFAULT_TTL_SECONDS
-
-
-def test_a_record_expires_after_its_ttl(client):
-    seen = RedisSeen(client, ttl_seconds=60)
+def test_a_processed_message_id_is_remembered_until_its_ttl_has_passed():
+    clock = Clock()
+    seen = LocalSeen(clock=clock)
     seen.remember("m-1")
 
-    client.expire(KEY_PREFIX + "m-1", 0)   # what the clock would do after a minute
-
+    clock.now += DEFAULT_TTL_SECONDS - 1
+    assert seen.seen("m-1") is True
+    clock.now += 2
     assert seen.seen("m-1") is False
 
 
-def test_a_second_copy_of_a_processed_message_is_skipped_and_a_new_id_runs(client):
-    middleware = Deduplicate(RedisSeen(client))
+def test_a_record_expires_after_its_ttl_and_is_forgotten():
+    clock = Clock()
+    seen = LocalSeen(ttl_seconds=60, clock=clock)
+    seen.remember("m-1")
+
+    clock.now += 61   # what the clock does after a minute
+
+    assert seen.seen("m-1") is False
+    assert seen.seen("m-1") is False   # and stays forgotten
+
+
+def test_a_second_copy_of_a_processed_message_is_skipped_and_a_new_id_runs():
+    middleware = Deduplicate(LocalSeen())
     first = _message("outbox-1")
     middleware.before_process_message(None, first)
     middleware.after_process_message(None, first, result=None)
@@ -51,8 +58,8 @@ def test_a_second_copy_of_a_processed_message_is_skipped_and_a_new_id_runs(clien
     middleware.before_process_message(None, _message("outbox-2"))   # another wake-up: no exception
 
 
-def test_a_message_whose_processing_raised_is_not_remembered_so_its_retry_runs(client):
-    middleware = Deduplicate(RedisSeen(client))
+def test_a_message_whose_processing_raised_is_not_remembered_so_its_retry_runs():
+    middleware = Deduplicate(LocalSeen())
     failed = _message("outbox-1")
     middleware.before_process_message(None, failed)
     middleware.after_process_message(None, failed, exception=RuntimeError("claim unknown"))
@@ -60,17 +67,35 @@ def test_a_message_whose_processing_raised_is_not_remembered_so_its_retry_runs(c
     middleware.before_process_message(None, _message("outbox-1"))   # the retry runs
 
 
-class _Unreachable(fakeredis.FakeRedis):
-    def exists(self, *names):
-        raise redis.ConnectionError("Redis is down")
+class _Unreadable:
+    def seen(self, message_id: str) -> bool:
+        raise OSError("the store is gone")
 
-    def set(self, *args, **kwargs):
-        raise redis.ConnectionError("Redis is down")
+    def remember(self, message_id: str) -> None:
+        raise OSError("the store is gone")
 
 
 def test_an_unreadable_record_fails_open_and_the_message_runs():
-    middleware = Deduplicate(RedisSeen(_Unreachable()))
+    middleware = Deduplicate(_Unreadable())
     message = _message("outbox-1")
 
     middleware.before_process_message(None, message)   # no SkipMessage: the claim decides
     middleware.after_process_message(None, message, result=None)   # a failed record is logged, not raised
+
+
+def test_a_redis_broker_s_consumer_keeps_its_records_in_the_process_and_sends_redis_nothing(monkeypatch):
+    import redis
+    from dramatiq.brokers.redis import RedisBroker
+
+    client = redis.Redis(host="127.0.0.1", port=1)   # nothing listens there: a command would fail
+    commands: list[tuple] = []
+    monkeypatch.setattr(client, "execute_command", lambda *args, **kwargs: commands.append(args))
+    middleware = for_broker(RedisBroker(client=client))
+    message = _message("outbox-1")
+
+    middleware.before_process_message(None, message)
+    middleware.after_process_message(None, message, result=None)
+
+    assert isinstance(middleware.store, LocalSeen) and commands == []
+    with pytest.raises(SkipMessage):
+        middleware.before_process_message(None, _message("outbox-1"))
