@@ -122,14 +122,6 @@ class Circuits:
         self.policy = policy
         self.rand = rand
 
-    def read(self, conn, destination_id: UUID) -> Circuit:
-        """The circuit as it stands before the claim; closed when it cannot be read."""
-        try:
-            return partner.read_circuit(conn, destination_id=destination_id)
-        except Exception as exc:
-            log.warning("circuit.unread", destination_id=destination_id, error=type(exc).__name__)
-            return Circuit.closed()
-
     def admit(self, destination_id: UUID, attempt_id: UUID, circuit: Circuit) -> Admission:
         gate = decide_circuit(circuit)
         if gate is Gate.GO:

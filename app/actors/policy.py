@@ -13,12 +13,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-import psycopg
-
 from app import logs
 from app.delivery.config import DestinationConfig
 from app.delivery.errors import DestinationError
-from app.store import directory
 from app.store.worker import JobView
 
 log = logs.get(__name__)
@@ -50,10 +47,11 @@ class Decision:
 
 
 class ExportPolicy:
-    """Side-effect free: reads on the caller's connection and returns a decision."""
+    """Side-effect free: decides on what the runner read with the job (its destination's row), reading
+    nothing more and writing nothing."""
 
-    def evaluate(self, conn: psycopg.Connection, job: JobView) -> Decision:
-        row = directory.read_destination(conn, tenant_id=job.tenant_id, destination_id=job.destination_id)
+    def evaluate(self, job: JobView) -> Decision:
+        row = job.destination
         if row is None:
             return Decision(Refusal.DESTINATION_MISSING)
         if not row["active"]:

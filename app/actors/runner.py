@@ -51,7 +51,7 @@ from app.store.types import (
     Status,
     WriteResult,
 )
-from app.store.worker import JobView, read_job, read_original_expected
+from app.store.worker import JobView, read_job
 
 log = logs.get(__name__)
 
@@ -121,10 +121,11 @@ class ExportRunner:
     def _run(self, job_id: UUID) -> RunResult:
         # The message is only a hint. Everything below starts from the row.
         with self.db.connection() as conn:
+            # One read: the job, its destination, the destination's circuit and a replacement's original.
             job = read_job(conn, job_id)
             if job is None or job.status is not Status.QUEUED:
                 return RunResult(RunOutcome.NOT_QUEUED)
-            decision = self.policy.evaluate(conn, job)
+            decision = self.policy.evaluate(job)
             if not decision.allowed:
                 # Queued -> Rejected, this version only: after an edit this matches nothing, and the
                 # edit's own wake-up brings the job back for a fresh evaluation.
@@ -132,7 +133,7 @@ class ExportRunner:
                 assert decision.refusal is not None
                 log.info("runner.rejected", version=job.version, refusal=decision.refusal.value, written=rejected)
                 return RunResult(RunOutcome.REJECTED)
-            circuit = self.circuits.read(conn, job.destination_id)
+            circuit = job.circuit
 
         # Cutoff 1.
         attempt_id = uuid.uuid4()
@@ -209,10 +210,7 @@ class ExportRunner:
             if stop.is_set():
                 raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
             expected = ExpectedFile(export.final_name(job.delivery_key), built.size, built.sha256)
-            # Read while still reversible: past cutoff 2 a failed read could only end OutcomeUnknown.
-            # The original ended before this replacement was created, so its expected file is final.
-            with self.db.connection() as conn:
-                original = read_original_expected(conn, job)
+            original = job.original_expected   # read with the job: final, since the original had ended
 
             # Reach the partner while the job is Running: a session, the baseline, the decision.
             preparation = destination.prepare(

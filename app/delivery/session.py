@@ -6,7 +6,8 @@ authentication and the opening of the SFTP subsystem by ``connect_timeout``, and
 by ``io_timeout`` through the channel's timeout. Its socket has TCP_NODELAY set: an SFTP exchange is a
 string of small requests, each answered before the next is sent, which Nagle's algorithm and delayed
 ACKs slow by tens of milliseconds each. The session also holds the two ways of hashing a remote file,
-which are SFTP requests rather than delivery decisions. What paramiko's errors mean is decided here too (``is_status_reply``).
+which are SFTP requests rather than delivery decisions. What paramiko's errors mean is decided here too
+(``is_status_reply``).
 """
 
 from __future__ import annotations

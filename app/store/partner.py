@@ -29,6 +29,16 @@ class Circuit:
     def closed(cls) -> Circuit:
         return cls(open=False, probe_in_seconds=None, probe_held=False, failures=0, last_error=None)
 
+    @classmethod
+    def from_row(cls, state: str | None, failures: int | None, last_error: str | None,
+                 probe_in_seconds: object, probe_held: bool | None) -> Circuit:
+        """The circuit a ``destination_circuits`` row describes; no row (a None state) is closed."""
+        if state is None:
+            return cls.closed()
+        return cls(open=state == "open",
+                   probe_in_seconds=None if probe_in_seconds is None else float(probe_in_seconds),  # type: ignore[arg-type]
+                   probe_held=bool(probe_held), failures=failures or 0, last_error=last_error)
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -44,9 +54,8 @@ def read_circuit(conn: psycopg.Connection, *, destination_id: UUID) -> Circuit:
     row = connector.fetch_one(conn, "partner_read_circuit", dict(destination_id=destination_id))
     if row is None:
         return Circuit.closed()
-    probe_in = row["probe_in_seconds"]
-    return Circuit(open=row["state"] == "open", probe_in_seconds=None if probe_in is None else float(probe_in),
-                   probe_held=row["probe_held"], failures=row["failures"], last_error=row["last_error"])
+    return Circuit.from_row(row["state"], row["failures"], row["last_error"], row["probe_in_seconds"],
+                            row["probe_held"])
 
 
 def claim_probe(conn: psycopg.Connection, *, destination_id: UUID, attempt_id: UUID, probe_seconds: float) -> bool:

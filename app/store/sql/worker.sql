@@ -1,18 +1,28 @@
 -- What the worker reads around its writes. The message is a hint: every decision starts from these.
 
 -- name: worker_read_job
--- The job as the runner needs it, re-read from the row rather than taken from the message: with how
--- often and since how long (on the database's clock) it has been deferred, for the next backoff and
--- the deferral budget.
-SELECT id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id, overwrite_agreement_ref,
-       deferrals, extract(epoch FROM clock_timestamp() - deferred_since) AS deferred_for_seconds, last_deferral
-FROM export_jobs WHERE id = %(job_id)s;
-
--- name: worker_read_original_expected
--- A replacement's original as cutoff 2 recorded it: what a file under the shared final name must
--- match to be identified as the original's delivery.
-SELECT expected_file_name, expected_file_bytes, expected_file_sha256
-FROM export_jobs WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s;
+-- Everything the runner decides on before its claim, in one round trip, re-read from the rows rather than
+-- taken from the message: the job, with how often and since how long (on the database's clock) it has
+-- been deferred, for the next backoff and the deferral budget; its destination, only if it belongs to
+-- the job's tenant (no row: the policy refuses it); the destination's circuit (no row: closed); and for a
+-- replacement its original as cutoff 2 recorded it, what a file under the shared final name must match to
+-- be identified as the original's delivery (final: the original ended before the replacement was made).
+SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.delivery_key, j.replaces_job_id,
+       j.overwrite_agreement_ref, j.deferrals,
+       extract(epoch FROM clock_timestamp() - j.deferred_since) AS deferred_for_seconds, j.last_deferral,
+       d.id AS destination_found, d.host, d.port, d.username, d.remote_dir, d.host_key, d.credential_ref,
+       d.remote_hash, d.acknowledgments, d.name_and_size_identify, d.read_back, d.active, d.max_sessions,
+       d.auto_retries,
+       c.state AS circuit_state, c.failures AS circuit_failures, c.last_error AS circuit_last_error,
+       extract(epoch FROM c.next_probe_at - clock_timestamp()) AS circuit_probe_in_seconds,
+       coalesce(c.probe_attempt_id IS NOT NULL AND c.probe_until > clock_timestamp(), false) AS circuit_probe_held,
+       o.expected_file_name AS original_file_name, o.expected_file_bytes AS original_file_bytes,
+       o.expected_file_sha256 AS original_file_sha256
+FROM export_jobs j
+LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
+LEFT JOIN destination_circuits c ON c.destination_id = j.destination_id
+LEFT JOIN export_jobs o ON o.tenant_id = j.tenant_id AND o.id = j.replaces_job_id
+WHERE j.id = %(job_id)s;
 
 -- name: worker_confirm_stops
 -- Which of the watched attempts have a recorded stop request, confirmed on the row itself.

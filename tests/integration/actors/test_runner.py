@@ -82,8 +82,8 @@ class _EditAfterEvaluating(ExportPolicy):
         self.worker, self.job, self.new_destination = worker, job, new_destination
         self.decisions = []
 
-    def evaluate(self, conn, job):
-        decision = super().evaluate(conn, job)
+    def evaluate(self, job):
+        decision = super().evaluate(job)
         self.decisions.append(decision)
         edit = export.edit_terms(self.worker.conn, tenant_id=self.job.tenant_id, job_id=self.job.id,
                                expected_version=job.version, destination_id=self.new_destination)
