@@ -33,7 +33,6 @@ from app.actors.watcher import StopWatcher
 from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_write
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination, Refused, Unreachable
-from app.delivery.errors import EvidenceNotRecorded
 from app.delivery.evidence import Evidence
 from app.delivery.sessions import SessionPool
 from app.delivery.upload import Ready
@@ -59,8 +58,24 @@ _CLAIM_LABEL = {ClaimResult.CLAIMED: "won", ClaimResult.LOST: "lost", ClaimResul
 
 
 class EvidenceNotAppended(ExportsError):
-    """Raised when delivery evidence matched no export row, so nothing was appended: before the upload
-    this keeps the upload from starting (the destination raises ``EvidenceNotRecorded``)."""
+    """Raised when delivery evidence matched no export row, so nothing was appended: the baseline of a
+    refused delivery, whose Failed write would then record a refusal without its proof."""
+
+
+class PendingEvidence:
+    """What an attempt observed at the partner, held for the attempt's next write, which appends it in the
+    same statement: the baseline with cutoff 2, what was seen after it with the terminal write. An attempt
+    that crashes in between loses only observations recovery makes again from the destination itself."""
+
+    def __init__(self) -> None:
+        self._details: list[str] = []
+
+    def __call__(self, evidence: Evidence) -> None:
+        self._details.append(evidence.to_detail())
+
+    def take(self) -> list[str]:
+        details, self._details = self._details, []
+        return details
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,13 @@ class Prepared:
     built: BuiltFile
     expected: ExpectedFile
     ready: Ready
+    #: Where the delivery records what it observes, for the terminal write to append.
+    evidence: PendingEvidence
+
+
+def _observer(worker_id: str, attempt_id: UUID) -> str:
+    """Who observed a delivery's evidence: the worker and the attempt."""
+    return f"{worker_id}/{attempt_id}"
 
 
 def worker_identity() -> str:
@@ -213,10 +235,11 @@ class ExportRunner:
             original = job.original_expected   # read with the job: final, since the original had ended
 
             # Reach the partner while the job is Running: a session, the baseline, the decision.
+            pending = PendingEvidence()
             preparation = destination.prepare(
                 expected, attempt_id=str(attempt_id), replacement=job.replaces_job_id is not None,
                 replacement_of=original, overwrite_agreed=job.overwrite_agreement_ref is not None,
-                record_evidence=self._recorder(job.id, attempt_id, worker_id), sessions=sessions)
+                record_evidence=pending, sessions=sessions)
             was_open = circuit.open or admission.probing
             match preparation:
                 case Unreachable(session_limit=True, detail=detail):
@@ -233,22 +256,34 @@ class ExportRunner:
                                                      f"the partner refused the configuration: {detail}", cause)
                 case Refused(outcome=refused):
                     self.circuits.reached(job.destination_id, was_open=was_open)
+                    # The refusal's proof, the baseline, goes in before the refusal does; without it, no
+                    # refusal: the database that could not take it could not take the Failed either, and
+                    # recovery takes the attempt over.
+                    try:
+                        self._append_evidence(job.id, attempt_id, _observer(worker_id, attempt_id), pending.take())
+                    except Exception as exc:
+                        log.warning("runner.baseline_not_recorded", error=type(exc).__name__)
+                        return RunResult(RunOutcome.GAVE_UP, attempt_id)
                     return self.endings.fail_or_stop(job, attempt_id, worker_id, refused.code, refused.detail,
                                                      refused.cause)
                 case Ready():
                     ready = preparation
                     self.circuits.reached(job.destination_id, was_open=was_open)
 
-            # Cutoff 2. This write, not the watcher, guarantees a stop request committed first wins.
-            cutoff = self._authorize(job, attempt_id, expected)
+            # Cutoff 2, with the baseline. This write, not the watcher, guarantees a stop request committed
+            # first wins.
+            baseline = pending.take()
+            cutoff = self._authorize(job, attempt_id, worker_id, expected, baseline)
             if cutoff is AuthorizationResult.LEASE_LAPSED and keeper.renew_now() is RenewResult.RENEWED:
-                # Still the owner, only late: the renewal succeeds only if no takeover committed.
-                cutoff = self._authorize(job, attempt_id, expected)
+                # Still the owner, only late: the renewal succeeds only if no takeover committed. The
+                # baseline goes again (the first statement may not have run): a repeated observation
+                # only repeats what the first said.
+                cutoff = self._authorize(job, attempt_id, worker_id, expected, baseline)
 
             match cutoff:
                 case AuthorizationResult.AUTHORIZED:
                     log.info("runner.authorized", size=built.size)
-                    return Prepared(built, expected, ready)
+                    return Prepared(built, expected, ready, pending)
                 case AuthorizationResult.STOP_RECORDED:
                     return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
@@ -273,10 +308,6 @@ class ExportRunner:
             log.warning("runner.build_failed", error=failed)
             return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.BUILD_FAILED, str(failed),
                                              stop_point="WhileBuilding")
-        except EvidenceNotRecorded as exc:
-            # No baseline, no upload; the database that could not take it could not take a terminal write.
-            log.warning("runner.baseline_not_recorded", error=exc)
-            return RunResult(RunOutcome.GAVE_UP, attempt_id)
         finally:
             if cutoff is not AuthorizationResult.AUTHORIZED:
                 if ready is not None:
@@ -287,19 +318,11 @@ class ExportRunner:
                     built.delete()
         raise AssertionError("unreachable")   # pragma: no cover
 
-    def _recorder(self, job_id: UUID, attempt_id: UUID, worker_id: str) -> Callable[[Evidence], None]:
-        observed_by = f"{worker_id}/{attempt_id}"
-
-        def record(evidence: Evidence) -> None:
-            # Appended whoever owns the job now; it never touches the job's status. Raising here
-            # before the upload keeps the upload from starting.
-            self._append_evidence(job_id, attempt_id, observed_by, evidence.to_detail())
-
-        return record
-
-    def _authorize(self, job: JobView, attempt_id: UUID, expected: ExpectedFile) -> AuthorizationResult:
+    def _authorize(self, job: JobView, attempt_id: UUID, worker_id: str, expected: ExpectedFile,
+                   baseline: list[str]) -> AuthorizationResult:
         return export.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
-                                       expected=expected, replaces_job_id=job.replaces_job_id)
+                                         expected=expected, replaces_job_id=job.replaces_job_id, evidence=baseline,
+                                         observed_by=_observer(worker_id, attempt_id))
 
     # --- past cutoff 2: the upload is made safe to interrupt, not cancellable ---------------------
 
@@ -318,17 +341,16 @@ class ExportRunner:
                 if not isinstance(exc, Exception):
                     interrupted = exc
             status, code, detail, cause = terminal_write(outcome)
-            try:
-                self._append_evidence(job.id, attempt_id, f"{worker_id}/{attempt_id}",
-                                      outcome_evidence(outcome, attempt_id))
-            except Exception as exc:
-                log.error("runner.evidence_not_recorded", error=type(exc).__name__)
             metrics.worker().upload_seconds.observe(time.monotonic() - started)
             metrics.worker().deliveries.labels(status.value).inc()
             if status is Status.COMPLETED:
                 metrics.worker().upload_bytes.inc(built.size)
+            # What the delivery observed and its outcome, appended in the terminal write's statement
+            # whether or not the write matches: after a takeover, recovery weighs them.
+            evidence = [*prepared.evidence.take(), outcome_evidence(outcome, attempt_id)]
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
-                                         outcome=status, failure_reason=code, detail=detail, cause=cause)
+                                           outcome=status, failure_reason=code, detail=detail, cause=cause,
+                                           evidence=evidence, observed_by=_observer(worker_id, attempt_id))
             log.info("runner.delivered", outcome=status.value, write=write.value,
                      warm_session=prepared.ready.reused_session)
             if write is not WriteResult.WRITTEN:
@@ -341,8 +363,9 @@ class ExportRunner:
             keeper.finish()   # right after the terminal write, so no renewal reports a false loss
             built.delete()
 
-    def _append_evidence(self, job_id: UUID, attempt_id: UUID, observed_by: str, detail: str) -> None:
+    def _append_evidence(self, job_id: UUID, attempt_id: UUID, observed_by: str, details: list[str]) -> None:
         with self.db.connection() as conn:
-            if not export.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
-                                        detail=detail):
-                raise EvidenceNotAppended(f"delivery evidence for export {job_id} matched no export row")
+            for detail in details:
+                if not export.append_evidence(conn, job_id=job_id, attempt_id=attempt_id, observed_by=observed_by,
+                                              detail=detail):
+                    raise EvidenceNotAppended(f"delivery evidence for export {job_id} matched no export row")

@@ -8,7 +8,7 @@ lost response by re-reading state and ownership together on a fresh connection.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from uuid import UUID
 
 import psycopg
@@ -197,23 +197,37 @@ def claim(
 # --- cutoff 2 ------------------------------------------------------------------------------------
 
 
+def _transitions(name: str, row: dict[str, object] | None, evidence: Sequence[str]) -> int:
+    """How many transitions a statement that also appends ``evidence`` made, its evidence count checked:
+    every detail is appended when the job exists (whoever owns it), none when it does not."""
+    assert row is not None   # an aggregate always answers one row
+    transitions, appended = int(row["transitions"]), int(row["evidence"])  # type: ignore[call-overload]
+    if appended not in (0, len(evidence)) or (transitions and appended != len(evidence)):
+        raise errors.StoreError(f"{name} appended {appended} of {len(evidence)} evidence rows")
+    return transitions
+
+
 def try_authorize_delivery(
     conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
-    replaces_job_id: UUID | None,
+    replaces_job_id: UUID | None, evidence: Sequence[str] = (), observed_by: str | None = None,
 ) -> int:
-    return connector.execute(conn, "export_authorize_delivery", dict(
+    """Cutoff 2, appending the evidence gathered before it (the baseline) in the same statement."""
+    row = connector.fetch_one(conn, "export_authorize_delivery", dict(
         job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
-        final_name=expected.name, length=expected.size, sha256=expected.sha256))
+        final_name=expected.name, length=expected.size, sha256=expected.sha256, evidence=list(evidence),
+        observed_by=observed_by))
+    return _transitions("export_authorize_delivery", row, evidence)
 
 
 def authorize_delivery(
     db: Database, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
-    replaces_job_id: UUID | None,
+    replaces_job_id: UUID | None, evidence: Sequence[str] = (), observed_by: str | None = None,
 ) -> AuthorizationResult:
-    """Cutoff 2. On 0 or a lost response, the re-read says why delivery was refused."""
+    """Cutoff 2. On 0 or a lost response, the re-read says why delivery was refused. Authorized means the
+    evidence was appended too (the same statement committed)."""
     inserted = _attempt(db, lambda conn: try_authorize_delivery(
         conn, job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, expected=expected,
-        replaces_job_id=replaces_job_id))
+        replaces_job_id=replaces_job_id, evidence=evidence, observed_by=observed_by))
     if inserted == 1:
         return AuthorizationResult.AUTHORIZED
     row = _reread(db, job_id)
@@ -266,11 +280,15 @@ def try_finish_failed(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUI
 
 def try_finish_delivery(conn: psycopg.Connection, *, job_id: UUID, attempt_id: UUID, worker_id: str,
                         outcome: Status, failure_reason: FailureCode | None = None,
-                        detail: str | None = None, cause: FailureCause | None = None) -> int:
-    return connector.execute(conn, "export_finish_delivery", dict(
+                        detail: str | None = None, cause: FailureCause | None = None,
+                        evidence: Sequence[str] = (), observed_by: str | None = None) -> int:
+    """The delivering attempt's terminal write, appending what it observed after cutoff 2 and its outcome
+    in the same statement, whether or not the write matches."""
+    row = connector.fetch_one(conn, "export_finish_delivery", dict(
         job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome.value,
         failure_reason=failure_reason.value if failure_reason else None, detail=detail,
-        cause=cause.value if cause else None))
+        cause=cause.value if cause else None, evidence=list(evidence), observed_by=observed_by))
+    return _transitions("export_finish_delivery", row, evidence)
 
 
 def _confirm_terminal(db: Database, job_id: UUID, attempt_id: UUID, expected: Status,
@@ -303,10 +321,11 @@ def finish_failed(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: st
 
 def finish_delivery(db: Database, *, job_id: UUID, attempt_id: UUID, worker_id: str, outcome: Status,
                     failure_reason: FailureCode | None = None, detail: str | None = None,
-                    cause: FailureCause | None = None) -> WriteResult:
+                    cause: FailureCause | None = None, evidence: Sequence[str] = (),
+                    observed_by: str | None = None) -> WriteResult:
     return _confirm_terminal(db, job_id, attempt_id, outcome, lambda conn: try_finish_delivery(
         conn, job_id=job_id, attempt_id=attempt_id, worker_id=worker_id, outcome=outcome,
-        failure_reason=failure_reason, detail=detail, cause=cause))
+        failure_reason=failure_reason, detail=detail, cause=cause, evidence=evidence, observed_by=observed_by))
 
 
 # --- deferral: the partner could not be reached before cutoff 2 --------------------------------

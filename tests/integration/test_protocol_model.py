@@ -223,8 +223,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             if path == "unknown":
                 self._do(self.writes.finish_delivery(w, job, OUTCOME_UNKNOWN, None))
             elif path == "completed":
-                self._do(self.writes.evidence(w, job, proves=True))
-                self._do(self.writes.finish_delivery(w, job, COMPLETED, None))
+                self._do(self.writes.finish_delivery(w, job, COMPLETED, None, receipt_proves=True))
             elif path == "failed":
                 self._do(self.writes.finish_failed(w, job, "BuildFailed"))
         return multiple(*created)
@@ -330,11 +329,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         ops: dict[str, Callable[[], Op]] = {
             "claim as read earlier": lambda: self.writes.claim(w, job, w.versions.get(job) or self.writes.read(w, job)),
             "reject": lambda: self.writes.reject(w, job, w.versions.get(job) or self.writes.read(w, job)),
-            "authorize": lambda: self.writes.authorize(w, job),
+            "authorize": lambda: self.writes.authorize(w, job, with_baseline=proves),
             "renew": lambda: self.writes.renew(w, job),
             "finish stopped": lambda: self.writes.finish_stopped(w, job),
             "finish failed": lambda: self.writes.finish_failed(w, job, code),
-            "finish delivery": lambda: self.writes.finish_delivery(w, job, outcome, code),
+            "finish delivery": lambda: self.writes.finish_delivery(w, job, outcome, code, receipt_proves=proves),
             "append evidence": lambda: self.writes.evidence(w, job, proves),
         }
         if write == "read":
@@ -358,9 +357,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             renewed = self._do(self.writes.renew(w, job)) == "Renewed"
             answer = self._do(self.writes.authorize(w, job)) if renewed else "NotOwner"
         if answer == "Authorized":
-            if receipt != "none":
-                self._do(self.writes.evidence(w, job, receipt == "of its own file"))
-            self._do(self.writes.finish_delivery(w, job, outcome, code))
+            # The receipt travels with the terminal write, in its statement, as the runner sends it.
+            self._do(self.writes.finish_delivery(
+                w, job, outcome, code, receipt_proves=None if receipt == "none" else receipt == "of its own file"))
         elif answer == "StopRecorded":
             self._do(self.writes.finish_stopped(w, job))
         elif answer == "OriginalCompleted":

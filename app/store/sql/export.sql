@@ -78,6 +78,11 @@ RETURNING id;
 -- Cutoff 2: Running -> Delivering for this attempt, only with no stop request and a current lease; for a
 -- replacement also only while its original is not Completed. FOR SHARE conflicts with a correction's
 -- update of the original, so whichever commits first makes the other wait; this statement then re-checks.
+-- The attempt's baseline listing (and any other evidence it gathered before cutoff 2) is appended in the
+-- same statement, whoever owns the job and whether or not it is authorized: evidence never depends on
+-- the transition, but a Delivering attempt always has its baseline, and one round trip and one commit
+-- carry both. One INSERT, ordered, so the evidence's ids come before DeliveryAuthorized's, as they
+-- would have had it been appended first.
 WITH original_open AS (
     SELECT 1 FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid AND status <> 'Completed'
@@ -91,10 +96,22 @@ authorized AS (
       AND stop_request_id IS NULL
       AND lease_expires_at > clock_timestamp()
       AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original_open))   -- typed, so a null binds
-    RETURNING id, attempt_id, delivery_authorized_at)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
-SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized
-RETURNING id;
+    RETURNING id, attempt_id, delivery_authorized_at),
+inserted AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+    SELECT job_id, attempt_id, kind, observed_by, detail, recorded_at FROM (
+        SELECT j.id AS job_id, %(attempt_id)s::uuid AS attempt_id, 'DeliveryEvidence' AS kind,
+               %(observed_by)s::text AS observed_by, e.detail, clock_timestamp() AS recorded_at, e.n AS position
+        FROM export_jobs j CROSS JOIN unnest(%(evidence)s::text[]) WITH ORDINALITY AS e (detail, n)
+        WHERE j.id = %(job_id)s
+        UNION ALL
+        SELECT id, attempt_id, 'DeliveryAuthorized', NULL, %(final_name)s, delivery_authorized_at, 9223372036854775807
+        FROM authorized) AS events
+    ORDER BY position
+    RETURNING kind)
+SELECT count(*) FILTER (WHERE kind = 'DeliveryAuthorized') AS transitions,
+       count(*) FILTER (WHERE kind = 'DeliveryEvidence') AS evidence
+FROM inserted;
 
 -- name: export_lease_renew
 -- Renewal deliberately does not check expiry: a slow worker keeps ownership until a takeover commits.
@@ -162,7 +179,10 @@ RETURNING job_id, due_at;
 
 -- name: export_finish_delivery
 -- The delivering attempt's terminal write: Delivering -> Completed, Failed (with a code the destination
--- proved) or OutcomeUnknown. After a takeover it matches nothing; the evidence appended before it stays.
+-- proved) or OutcomeUnknown. After a takeover it matches nothing; the evidence it carries is appended all
+-- the same, in the same statement: what the attempt observed after cutoff 2 (the receipt, a refused
+-- rename's fresh listing, a listing after an interruption) and its outcome, whoever owns the job now, so
+-- recovery weighs it under its Delivering rule. One INSERT, ordered: the evidence first, then Finished.
 -- A Failed outcome's cause class follows its code in the detail (``Failed NotDelivered (transient): ...``):
 -- the retry policy reads it there.
 WITH finished AS (
@@ -176,14 +196,25 @@ WITH finished AS (
            OR %(failure_reason)s::text IN ('NotDelivered', 'FinalNameOccupied', 'OriginalDelivered'))
       AND (%(cause)s::text IS NULL OR (%(outcome)s = 'Failed'
                                       AND %(cause)s::text IN ('transient', 'configuration', 'permanent')))
-    RETURNING id, attempt_id, status)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
-SELECT id, attempt_id, 'Finished', %(worker_id)s,
-       status || coalesce(' ' || %(failure_reason)s::text, '') || coalesce(' (' || %(cause)s::text || ')', '')
-       || coalesce(': ' || %(detail)s::text, ''),
-       clock_timestamp()
-FROM finished
-RETURNING id;
+    RETURNING id, attempt_id, status),
+inserted AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, observed_by, detail, recorded_at)
+    SELECT job_id, attempt_id, kind, worker_id, observed_by, detail, clock_timestamp() FROM (
+        SELECT j.id AS job_id, %(attempt_id)s::uuid AS attempt_id, 'DeliveryEvidence' AS kind,
+               NULL::text AS worker_id, %(observed_by)s::text AS observed_by, e.detail, e.n AS position
+        FROM export_jobs j CROSS JOIN unnest(%(evidence)s::text[]) WITH ORDINALITY AS e (detail, n)
+        WHERE j.id = %(job_id)s
+        UNION ALL
+        SELECT id, attempt_id, 'Finished', %(worker_id)s, NULL,
+               status || coalesce(' ' || %(failure_reason)s::text, '') || coalesce(' (' || %(cause)s::text || ')', '')
+               || coalesce(': ' || %(detail)s::text, ''),
+               9223372036854775807
+        FROM finished) AS events
+    ORDER BY position
+    RETURNING kind)
+SELECT count(*) FILTER (WHERE kind = 'Finished') AS transitions,
+       count(*) FILTER (WHERE kind = 'DeliveryEvidence') AS evidence
+FROM inserted;
 
 -- name: export_append_evidence
 -- Delivery evidence, appended whoever owns the job now. It never touches the job row, so it cannot

@@ -171,10 +171,13 @@ class Model:
         job.record("Claimed", attempt)
         return "Claimed"
 
-    def authorize(self, job_id: UUID, attempt: UUID) -> str:
+    def authorize(self, job_id: UUID, attempt: UUID, *, evidence: int = 0) -> str:
         """Cutoff 2, as the worker hears it: refusals are explained by a re-read of state and
-        ownership; a Delivering row with this attempt is a committed authorization."""
+        ownership; a Delivering row with this attempt is a committed authorization. The evidence it
+        carries (the baseline) is appended first, whoever owns the job and whatever the answer."""
         job = self.jobs[job_id]
+        for _ in range(evidence):
+            job.record("DeliveryEvidence", attempt)
         if job.attempt != attempt:
             return "NotOwner"
         if job.status == DELIVERING:
@@ -233,8 +236,12 @@ class Model:
         self._end(job, FAILED, code, "Failed")
         return "Written"
 
-    def finish_delivery(self, job_id: UUID, attempt: UUID, outcome: str, code: str | None) -> str:
+    def finish_delivery(self, job_id: UUID, attempt: UUID, outcome: str, code: str | None, *,
+                        receipt_proves: bool | None = None) -> str:
+        """The terminal write; the receipt it carries is appended first, whether or not the write matches."""
         job = self.jobs[job_id]
+        if receipt_proves is not None:
+            self.append_evidence(job_id, attempt, receipt_proves)
         allowed = outcome in (COMPLETED, OUTCOME_UNKNOWN) or (outcome == FAILED and code in FAILED_AFTER_CUTOFF_2)
         if job.attempt != attempt or job.status != DELIVERING or not allowed:
             return "NotMatched"

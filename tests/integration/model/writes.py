@@ -30,6 +30,11 @@ def expected_file(key: str, attempt: UUID) -> ExpectedFile:
     return ExpectedFile(export.final_name(key), FILE_SIZE, hashlib.sha256(attempt.bytes).digest())
 
 
+def baseline(key: str, attempt: UUID) -> str:
+    """The baseline an attempt lists before cutoff 2 and appends with it: the final name absent."""
+    return Evidence(EvidenceStage.BASELINE, Listing(export.final_name(key), present=False), str(attempt)).to_detail()
+
+
 def receipt(key: str, attempt: UUID, proves: bool) -> str:
     """A receipt the attempt appends: of its own file (name, size and checksum), or of a file whose
     size contradicts it."""
@@ -183,21 +188,25 @@ class Writes:
                 w.attempts[job_id] = attempt
         return Op(w.name, f"claim v{version}", run, lambda m: m.claim(job_id, version, attempt), after)
 
-    def authorize(self, w: Worker, job_id: UUID) -> Op:
+    def authorize(self, w: Worker, job_id: UUID, *, with_baseline: bool = True) -> Op:
+        """Cutoff 2, carrying the attempt's baseline (as the runner sends it) or nothing."""
         job, attempt = self.job(job_id), self.attempt(w, job_id)
+        evidence = [baseline(job.key, attempt)] if with_baseline else []
 
         def run():
             return export.authorize_delivery(w.db, job_id=job_id, tenant_id=job.tenant, attempt_id=attempt,
                                              expected=expected_file(job.key, attempt),
-                                             replaces_job_id=job.original).value
+                                             replaces_job_id=job.original, evidence=evidence,
+                                             observed_by=w.name).value
 
         def split(m: Model):
             # Refused: the re-read that explains why may come after another writer's commit.
             before = m.jobs[job_id].status
-            m.authorize(job_id, attempt)
+            m.authorize(job_id, attempt, evidence=len(evidence))
             wrote = m.jobs[job_id].status != before
             return None if wrote else (lambda later: later.authorize_reread(job_id, attempt))
-        return Op(w.name, "authorize", run, lambda m: m.authorize(job_id, attempt), split=split)
+        return Op(w.name, "authorize" + (" with its baseline" if evidence else ""), run,
+                  lambda m: m.authorize(job_id, attempt, evidence=len(evidence)), split=split)
 
     def renew(self, w: Worker, job_id: UUID) -> Op:
         attempt = self.attempt(w, job_id)
@@ -223,16 +232,21 @@ class Writes:
                                         failure_reason=FailureCode(code)).value
         return Op(w.name, f"finish failed {code}", run, lambda m: m.finish_failed(job_id, attempt, code))
 
-    def finish_delivery(self, w: Worker, job_id: UUID, outcome: str, code: str | None) -> Op:
-        attempt = self.attempt(w, job_id)
+    def finish_delivery(self, w: Worker, job_id: UUID, outcome: str, code: str | None, *,
+                        receipt_proves: bool | None = None) -> Op:
+        """The terminal write, carrying a receipt (of its own file, or of another) or no evidence."""
+        job, attempt = self.job(job_id), self.attempt(w, job_id)
         code = code if outcome == FAILED else None
+        evidence = [] if receipt_proves is None else [receipt(job.key, attempt, receipt_proves)]
 
         def run():
             return export.finish_delivery(w.db, job_id=job_id, attempt_id=attempt, worker_id=w.name,
                                           outcome=Status(outcome),
-                                          failure_reason=FailureCode(code) if code else None).value
-        return Op(w.name, f"finish delivery {outcome} {code or ''}", run,
-                  lambda m: m.finish_delivery(job_id, attempt, outcome, code))
+                                          failure_reason=FailureCode(code) if code else None,
+                                          evidence=evidence, observed_by=w.name).value
+        carrying = "" if receipt_proves is None else f" with a receipt {'of its own file' if receipt_proves else ''}"
+        return Op(w.name, f"finish delivery {outcome} {code or ''}{carrying}", run,
+                  lambda m: m.finish_delivery(job_id, attempt, outcome, code, receipt_proves=receipt_proves))
 
     def evidence(self, w: Worker, job_id: UUID, proves: bool) -> Op:
         job, attempt = self.job(job_id), self.attempt(w, job_id)

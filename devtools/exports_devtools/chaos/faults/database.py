@@ -15,10 +15,11 @@ from exports_devtools.pgproxy import Cut, Hold
 from exports_devtools.store import owner as store
 
 #: Named statements the relay, the workers and the scheduler run, the frequent ones more than once so a
-#: random pick mostly finds its statement within the bound.
+#: random pick mostly finds its statement within the bound. Cutoff 2 and the terminal write carry the
+#: attempt's evidence, so losing their replies loses the evidence's too.
 LOST_RESPONSE_STATEMENTS = (
     "export_claim", "export_claim", "export_authorize_delivery", "export_authorize_delivery",
-    "export_finish_delivery", "export_finish_delivery", "export_lease_renew", "export_append_evidence",
+    "export_authorize_delivery", "export_finish_delivery", "export_finish_delivery", "export_lease_renew",
     "export_defer", "export_finish_stopped", "worker_read_job", "worker_copy_consenting_contacts",
     "relay_claim_batch", "relay_mark_published", "relay_mark_published", "recovery_scan_expired",
     "recovery_requeue_expired", "recovery_resolve_delivering", "recovery_claim_inspection",
