@@ -153,9 +153,10 @@ def render(results: dict[str, Any], made: dict[str, list[str]]) -> str:
         f"{results['started']}, {results['total_seconds']:.0f} s in all",
         f"- machine: {meta.get('cpus')} cores, PostgreSQL {meta.get('postgresql')}, Python {meta.get('python')}, "
         f"commit {meta.get('commit')}",
-        "- every figure is the median of the runs, with their range; each ceiling ran right before or after "
-        "ours at the same concurrency, the order alternating between rounds. These machines are shared and "
-        "noisy: read the ratios, not the absolute figures.",
+        "- every figure is the median of the runs, with their range; what it is compared with ran in the same "
+        "run, right before or after ours at the same concurrency, the order alternating between rounds. Only a "
+        "run on an idle machine gives final figures: CPU, WAL and the PostgreSQL server's counters are "
+        "machine- or server-wide, and a busy neighbour inflates them.",
         "- `ratio` is ours / what it is compared with (for latencies and costs, lower is better; the goal column "
         "says which way). Each comparison is a **ceiling** or a **baseline**. A ceiling is the same work done "
         "with less: the same statement without the system around it, the same files delivered with nothing but "

@@ -189,10 +189,10 @@ def run_end_to_end(ctx: Context) -> Outcome:
         else:
             outcome.notes.append("The ceilings were not measured: they deliver to OpenSSH sshd, which needs root.")
         sides.append(ours)
-        gauge = meter.Meter(ctx.base_url, str(database), {
-            "postgresql": [pid] if (pid := system.postmaster_pid(url)) else [],
-            "sshd": [access.sshd_pid] if access.sshd_pid else [],
-            "redis": [pid] if (pid := system.redis_pid(ctx.broker_url)) else []}, access.log, ctx.broker_url)
+        servers = {"postgresql": system.postmaster_pid(url), "sshd": access.sshd_pid,
+                   "redis": system.redis_pid(ctx.broker_url)}
+        gauge = meter.Meter(ctx.base_url, str(database), {kind: [pid] for kind, pid in servers.items() if pid},
+                            access.log, ctx.broker_url)
         runs: dict[str, list[SideRun]] = {side.name: [] for side in sides}
         idle: list[dict[str, float]] = []
         tables_before = _table_stats(url)
@@ -269,6 +269,8 @@ def _rows(outcome: Outcome, runs: dict[str, list[SideRun]], idle: list[dict[str,
         "rows": [[label, *[fn(runs[n]) for n in names]] for label, fn in lines]}
     if access.sshd_pid is None:
         outcome.notes.append("sshd CPU and SSH logins were not measured: the partner is not an sshd of ours.")
+    if not any("cpu_postgresql_ms" in r.costs for r in ours):
+        outcome.notes.append("PostgreSQL CPU was not measured: the server does not run on this machine.")
 
 
 COST_LINES = (
@@ -305,6 +307,12 @@ def _notes(outcome: Outcome, runs: dict[str, list[SideRun]], ctx: Context, acces
         "pg_stat_database xact_commit+xact_rollback of the bench database, less the load generator's polls "
         "(counted by it). WAL: pg_stat_wal wal_sync and wal_bytes (server-wide). SSH logins: the partner "
         "sshd's 'Accepted publickey' log lines. Redis: INFO total_commands_processed.",
+        "The ceiling and the baselines run bench.export_body per export: COPY into a local file, upload under a "
+        "temporary name, no-overwrite rename, stat (no hash, no fsync, no listing), each worker thread with a warm "
+        "connection and a warm session; its CSV is checked to be the builder's, byte for byte. Least work: one "
+        "process, 4 threads, a job row inserted and marked done around each. Procrastinate: 2 worker processes, "
+        "concurrency=2, a synchronous task; pgqueuer: 2 QueueManagers, max_concurrent_tasks=2 with batch_size=1 "
+        "(it requires twice the batch), the body in asyncio.to_thread; both with LISTEN/NOTIFY and durable tables.",
         f"Server-wide figures (PostgreSQL CPU, WAL) include other databases' work: the other databases "
         f"committed {max(others, default=0.0):.1f} transactions/s at most during the windows.",
     ]

@@ -80,8 +80,9 @@ def test_a_comparison_is_either_a_ceiling_or_a_baseline():
 
 
 def test_a_side_by_side_table_renders_a_column_per_side_with_the_numbers_rounded():
-    lines = report.side_by_side("Per export", {"columns": ["per export", "least work", "ours"],
-                                               "rows": [["exports/s", 375.4, 56.52], ["SSH logins", 0.0, float("nan")]]})
+    spec = {"columns": ["per export", "least work", "ours"],
+            "rows": [["exports/s", 375.4, 56.52], ["SSH logins", 0.0, float("nan")]]}
+    lines = report.side_by_side("Per export", spec)
     assert lines[0] == "**Per export**"
     assert lines[2] == "| per export | least work | ours |"
     assert lines[4] == "| exports/s | 375 | 56.5 |"
