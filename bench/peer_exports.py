@@ -11,6 +11,10 @@ moves it to its log (pgqueuer). Both keep their defaults otherwise (LISTEN/NOTIF
 
 The load generator is the harness's ``closed_loop.Generator``: it defers with the peer's own
 synchronous API and polls the peer's job table by primary key.
+
+pgqueuer runs on its psycopg driver (asyncpg, its other one, is not a dependency of this project),
+which reads NOTIFYs and runs queries on one connection; at two jobs per worker that shows as pauses of
+up to a second (its NOTIFY reader's timeout) between jobs. That is its behaviour here, reported as is.
 """
 
 from __future__ import annotations
