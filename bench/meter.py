@@ -138,6 +138,8 @@ def per_second(before: Reading, after: Reading) -> dict[str, float]:
              for kind in KINDS if kind in before.cpu and kind in after.cpu}
     rates["transactions"] = (after.transactions - before.transactions) / seconds
     rates["wal_syncs"] = (after.wal_syncs - before.wal_syncs) / seconds
+    rates["wal_kib"] = (after.wal_bytes - before.wal_bytes) / 1024 / seconds
+    rates["other_transactions"] = (after.other_transactions - before.other_transactions - 1) / seconds
     if after.redis_commands is not None and before.redis_commands is not None:
         rates["redis_commands"] = (after.redis_commands - before.redis_commands - 1) / seconds
     return rates

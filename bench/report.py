@@ -61,7 +61,9 @@ def compared_with(row: dict[str, Any]) -> str:
     text = f"{versus}: {name}"
     ratio = row.get("ratio")
     goal = row.get("goal") or {}
-    if versus == "ceiling" and goal.get("kind") == "ratio_min" and ratio is not None and ratio > 1.05:
+    # Higher is better for a rate, or where the goal says so.
+    higher_better = goal.get("kind") == "ratio_min" or (not goal and row.get("unit", "").endswith("/s"))
+    if versus == "ceiling" and higher_better and ratio is not None and ratio > 1.05:
         text += " (**ours beats it: not a limit**)"
     return text
 

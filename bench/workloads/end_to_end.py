@@ -250,7 +250,8 @@ def _rows(outcome: Outcome, runs: dict[str, list[SideRun]], idle: list[dict[str,
     if idle:
         for key, label, unit in (("redis_commands", "idle system: Redis commands", "commands/s"),
                                  ("cpu_python_ms", "idle system: CPU of its Python processes", "ms/s"),
-                                 ("transactions", "idle system: transactions", "transactions/s")):
+                                 ("transactions", "idle system: transactions", "transactions/s"),
+                                 ("wal_kib", "idle system: WAL the server wrote (any database)", "KiB/s")):
             values = [i[key] for i in idle if key in i]
             if values:
                 outcome.rows.append(Row(label, unit, Stat.of(values)))
@@ -317,11 +318,19 @@ def _notes(outcome: Outcome, runs: dict[str, list[SideRun]], ctx: Context, acces
         "connection between its NOTIFY reader (notifies with a 1 s timeout) and its queries: with few jobs in "
         "flight a worker can wait up to a second before it logs an end or picks the next job.",
         f"Server-wide figures (PostgreSQL CPU, WAL) include other databases' work: the other databases "
-        f"committed {max(others, default=0.0):.1f} transactions/s at most during the windows.",
+        f"committed {max(others, default=0.0):.1f} transactions/s at most during the windows, and a CREATE "
+        "DATABASE elsewhere writes its template into the WAL in one transaction: on a shared server, read WAL "
+        "per export against the idle system's WAL rate, and each run's costs below.",
     ]
     for name, side_runs in runs.items():
         outcome.notes.append(f"{name}: outcome of every export created: "
                              + ", ".join(f"run {i + 1}: {r.statuses}" for i, r in enumerate(side_runs)))
+    outcome.details["Each run's costs per export (an outlier is a neighbour's work or a side's own spike)"] = "\n".join(
+        f"{name:14s} run {i + 1}: {r.rate:7.1f}/s  " + "  ".join(
+            f"{key} {r.costs.get(key, float('nan')):.2f}" for key in (
+                "cpu_ms", "cpu_python_ms", "cpu_postgresql_ms", "transactions", "wal_syncs", "wal_kib",
+                "other_transactions_per_s"))
+        for name, rs in runs.items() for i, r in enumerate(rs))
     outcome.series["completed exports vs seconds"] = {
         f"{name} {i + 1}": [(t, c) for t, c in r.timeline] for name, rs in runs.items() for i, r in enumerate(rs)}
 

@@ -66,12 +66,16 @@ def test_the_page_says_whether_each_comparison_is_a_ceiling_or_a_baseline_and_fl
             harness.Row("builder", "MiB/s", harness.Stat.of([60.0]), harness.Stat.of([50.0]), "psql \\copy",
                         harness.at_least(0.9)),
             harness.Row("upload", "MiB/s", harness.Stat.of([40.0]), harness.Stat.of([50.0]), "sftp",
-                        harness.at_least(0.6))]
+                        harness.at_least(0.6)),
+            harness.Row("upload", "MiB/s", harness.Stat.of([40.0]), harness.Stat.of([30.0]), "paramiko alone"),
+            harness.Row("latency", "ms", harness.Stat.of([40.0]), harness.Stat.of([30.0]), "a round trip")]
     lines = report.table([r.as_json() for r in rows])
 
     assert "| baseline: a peer queue | 50 | 1.20 | >= 1.2x | yes |" in lines[2]
     assert "ceiling: psql \\copy (**ours beats it: not a limit**)" in lines[3]
     assert "| ceiling: sftp | 50 | 0.800 | >= 0.6x | yes |" in lines[4]
+    assert "ceiling: paramiko alone (**ours beats it: not a limit**)" in lines[5]   # a rate: higher is better
+    assert "| ceiling: a round trip | 30 | 1.33 | - | - |" in lines[6]   # a cost above its ceiling is expected
 
 
 def test_a_comparison_is_either_a_ceiling_or_a_baseline():

@@ -46,10 +46,12 @@ def test_a_window_with_no_export_has_no_cost_per_export_and_missing_counters_are
 
 
 def test_the_idle_rates_are_per_second_of_the_window():
-    rates = meter.per_second(_reading(0.0, cpu={"python": 1.0}, transactions=10, redis_commands=100),
-                             _reading(4.0, cpu={"python": 1.2}, transactions=30, redis_commands=181))
-    assert rates == pytest.approx({"cpu_python_ms": 50.0, "transactions": 5.0, "wal_syncs": 0.0,
-                                   "redis_commands": 20.0})
+    rates = meter.per_second(_reading(0.0, cpu={"python": 1.0}, transactions=10, redis_commands=100,
+                                      other_transactions=7, wal_bytes=0),
+                             _reading(4.0, cpu={"python": 1.2}, transactions=30, redis_commands=181,
+                                      other_transactions=16, wal_bytes=8192))
+    assert rates == pytest.approx({"cpu_python_ms": 50.0, "transactions": 5.0, "wal_syncs": 0.0, "wal_kib": 2.0,
+                                   "other_transactions": 2.0, "redis_commands": 20.0})
 
 
 def test_logins_are_the_lines_of_accepted_authentications():
