@@ -1,6 +1,6 @@
 """`make bench` / `make bench-full`: every workload against its ceiling, in one run.
 
-    python -m bench [--full] [--only 1,3,7] [--repeats N] [--no-docs] [--profile DIR]
+    python -m bench [--full] [--only 1,3,7] [--repeats N] [--no-docs] [--results FILE] [--profile DIR]
 
 Writes bench/results/<date>.json and regenerates docs/benchmarks.md (with charts under
 docs/benchmarks/). Uses EXPORTS_BENCH_DATABASE_URL (default: PostgreSQL at 127.0.0.1:5432; scratch
@@ -39,6 +39,9 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated workload keys, e.g. 1,3,7 (default: all)")
     parser.add_argument("--repeats", type=int, help="rounds per workload (default 3)")
     parser.add_argument("--no-docs", action="store_true", help="write the results file only")
+    parser.add_argument("--results", type=Path, metavar="FILE",
+                        help="write the results to FILE instead of bench/results/<date>.json (a trial run that "
+                             "must not replace the day's results)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run each workload under pyinstrument and write its profile to DIR")
     args = parser.parse_args()
@@ -78,8 +81,9 @@ def main() -> int:
         "machine": harness.machine(),
         "workloads": [r.as_json() for r in reports],
     }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / results["file"]
+    path = args.results or RESULTS / results["file"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results["file"] = path.name
     path.write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
     print(f"results: {path}")
     if not args.no_docs:

@@ -82,9 +82,17 @@ def value_at_least(x: float, text: str) -> Goal:
     return Goal("value_min", x, text)
 
 
+#: What a figure is compared with. A ceiling is the same work done with less (the same statement without
+#: the system around it, the same files delivered with nothing but the transfer): ours cannot beat it, and
+#: the ratio says how much of the limit ours reaches. A baseline is a reference ours is expected to match
+#: or beat (a peer queue, an older approach, the same process idle): the ratio says by how much.
+VERSUS = ("ceiling", "baseline")
+
+
 @dataclass
 class Row:
-    """One figure of one workload, with its ceiling and goal."""
+    """One figure of one workload, with what it is compared with (``ceiling``, named by
+    ``ceiling_name``; ``versus`` says whether that is a ceiling or a baseline) and its goal."""
 
     metric: str
     unit: str
@@ -93,6 +101,11 @@ class Row:
     ceiling_name: str = ""
     goal: Goal | None = None
     note: str = ""
+    versus: str = "ceiling"
+
+    def __post_init__(self) -> None:
+        if self.versus not in VERSUS:
+            raise ValueError(f"versus must be one of {VERSUS}, not {self.versus!r}")
 
     @property
     def ratio(self) -> float | None:
@@ -119,6 +132,8 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
     series: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    #: Tables of figures side by side (``{title: {"columns": [...], "rows": [[label, value, ...], ...]}}``).
+    tables: dict[str, dict[str, list]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,6 +154,8 @@ class Sizes:
     name: str
     repeats: int
     e2e_seconds: float
+    e2e_warmup_seconds: float
+    e2e_idle_seconds: float
     e2e_contacts: int
     wakeup_idle_samples: int
     relay_rows: int
@@ -151,23 +168,23 @@ class Sizes:
     contended_ops: int
     claims_per_run: int
     peer_jobs: int
-    stage_contacts: int
-    stage_upload_mib: int
+    #: Contacts of the large export (its builds, its upload and its run through the system).
+    large_contacts: int
     stage_stop_runs: int
     stage_notify_creations: int
 
 
-QUICK = Sizes(name="quick", repeats=3, e2e_seconds=18, e2e_contacts=100, wakeup_idle_samples=8,
-              relay_rows=8_000, relay_decay_seconds=0, lease_attempts=1000, lease_renew_seconds=4,
-              scale_jobs=(10_000, 100_000), scale_due=500, cancel_ops=600, contended_ops=2_000,
-              claims_per_run=600, peer_jobs=200, stage_contacts=2_000, stage_upload_mib=8, stage_stop_runs=8,
+QUICK = Sizes(name="quick", repeats=3, e2e_seconds=10, e2e_warmup_seconds=3, e2e_idle_seconds=3, e2e_contacts=100,
+              wakeup_idle_samples=8, relay_rows=8_000, relay_decay_seconds=0, lease_attempts=1000,
+              lease_renew_seconds=4, scale_jobs=(10_000, 100_000), scale_due=500, cancel_ops=600, contended_ops=2_000,
+              claims_per_run=600, peer_jobs=200, large_contacts=1_000_000, stage_stop_runs=8,
               stage_notify_creations=200)
 
-FULL = Sizes(name="full", repeats=3, e2e_seconds=180, e2e_contacts=100, wakeup_idle_samples=40,
-             relay_rows=100_000, relay_decay_seconds=180, lease_attempts=1000, lease_renew_seconds=20,
-             scale_jobs=(100_000, 1_000_000), scale_due=10_000, cancel_ops=3_000,
-             contended_ops=10_000, claims_per_run=4_000, peer_jobs=2_000, stage_contacts=20_000,
-             stage_upload_mib=64, stage_stop_runs=50, stage_notify_creations=1_000)
+FULL = Sizes(name="full", repeats=3, e2e_seconds=180, e2e_warmup_seconds=10, e2e_idle_seconds=10, e2e_contacts=100,
+             wakeup_idle_samples=40, relay_rows=100_000, relay_decay_seconds=180, lease_attempts=1000,
+             lease_renew_seconds=20, scale_jobs=(100_000, 1_000_000), scale_due=10_000, cancel_ops=3_000,
+             contended_ops=10_000, claims_per_run=4_000, peer_jobs=2_000, large_contacts=1_000_000,
+             stage_stop_runs=50, stage_notify_creations=1_000)
 
 
 # --- the run's context -----------------------------------------------------------------------------
@@ -252,7 +269,7 @@ class WorkloadReport:
     def as_json(self) -> dict[str, Any]:
         return {"key": self.key, "title": self.title, "what": self.what, "seconds": round(self.seconds, 1),
                 "error": self.error, "rows": [r.as_json() for r in self.outcome.rows], "notes": self.outcome.notes,
-                "details": self.outcome.details, "series": self.outcome.series}
+                "details": self.outcome.details, "series": self.outcome.series, "tables": self.outcome.tables}
 
 
 def run_all(ctx: Context, workloads: list[Workload], *, profile_dir: Path | None = None) -> list[WorkloadReport]:

@@ -51,15 +51,42 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def compared_with(row: dict[str, Any]) -> str:
+    """The comparison's name, said to be a ceiling or a baseline; a ceiling ours beats is flagged, since a
+    limit cannot be beaten: it is a baseline, or the measurement is wrong."""
+    name = row.get("ceiling_name")
+    if not name:
+        return "-"
+    versus = row.get("versus", "ceiling")
+    text = f"{versus}: {name}"
+    ratio = row.get("ratio")
+    goal = row.get("goal") or {}
+    # Higher is better for a rate, or where the goal says so.
+    higher_better = goal.get("kind") == "ratio_min" or (not goal and row.get("unit", "").endswith("/s"))
+    if versus == "ceiling" and higher_better and ratio is not None and ratio > 1.05:
+        text += " (**ours beats it: not a limit**)"
+    return text
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| figure | unit | ours, median (range) | ceiling | ceiling, median (range) | ratio | goal | met |",
+    lines = ["| figure | unit | ours, median (range) | compared with | its median (range) | ratio | goal | met |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         goal = row["goal"]["text"] if row.get("goal") else "-"
-        lines.append(f"| {row['metric']} | {row['unit']} | {_stat(row['ours'])} | {row.get('ceiling_name') or '-'} "
+        lines.append(f"| {row['metric']} | {row['unit']} | {_stat(row['ours'])} | {compared_with(row)} "
                      f"| {_stat(row.get('ceiling'))} | {_number(row.get('ratio'))} | {goal} | {_met(row.get('met'))} |")
         if row.get("note"):
             lines.append(f"| ↳ {row['note']} | | | | | | | |")
+    return lines
+
+
+def side_by_side(title: str, spec: dict[str, list]) -> list[str]:
+    """A table of figures side by side (``Outcome.tables``): a label column, then one column each."""
+    columns = spec["columns"]
+    lines = [f"**{title}**", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for label, *values in spec["rows"]:
+        cells = [v if isinstance(v, str) else _number(v) for v in values]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
     return lines
 
 
@@ -128,10 +155,16 @@ def render(results: dict[str, Any], made: dict[str, list[str]]) -> str:
         f"{results['started']}, {results['total_seconds']:.0f} s in all",
         f"- machine: {meta.get('cpus')} cores, PostgreSQL {meta.get('postgresql')}, Python {meta.get('python')}, "
         f"commit {meta.get('commit')}",
-        "- every figure is the median of the runs, with their range; each ceiling ran right before or after "
-        "ours at the same concurrency, the order alternating between rounds. These machines are shared and "
-        "noisy: read the ratios, not the absolute figures.",
-        "- `ratio` is ours / ceiling (for latencies and costs, lower is better; the goal column says which way).",
+        "- every figure is the median of the runs, with their range; what it is compared with ran in the same "
+        "run, right before or after ours at the same concurrency, the order alternating between rounds. Only a "
+        "run on an idle machine gives final figures: CPU, WAL and the PostgreSQL server's counters are "
+        "machine- or server-wide, and a busy neighbour inflates them.",
+        "- `ratio` is ours / what it is compared with (for latencies and costs, lower is better; the goal column "
+        "says which way). Each comparison is a **ceiling** or a **baseline**. A ceiling is the same work done "
+        "with less: the same statement without the system around it, the same files delivered with nothing but "
+        "the transfer; ours cannot beat it, and the ratio says how close ours comes to the limit. A baseline is a "
+        "reference ours is expected to match or beat: a peer queue running the same export body, the same "
+        "process idle; the ratio says by how much. A ceiling that ours beats is flagged: it is not a limit.",
         "",
     ]
     if "summary" in made:
@@ -146,6 +179,8 @@ def render(results: dict[str, Any], made: dict[str, list[str]]) -> str:
             lines += [f"**Not measured in this run:** `{workload['error']}`", ""]
         if workload["rows"]:
             lines += table(workload["rows"]) + [""]
+        for title, spec in (workload.get("tables") or {}).items():
+            lines += side_by_side(title, spec) + [""]
         for note in workload.get("notes") or []:
             lines.append(f"- {note}")
         if workload.get("notes"):
@@ -169,16 +204,18 @@ RUNNING = [
     "sizes and durations of issue 11 (3-minute end-to-end and relay drains, 100k/1M jobs, 10k mixed "
     "operations). Both install the `bench` extra (matplotlib, Procrastinate, pgqueuer, pyinstrument, py-spy), "
     "write `bench/results/<date>.json` and regenerate this page; `BENCH_ARGS` passes options through.",
-    "- `python -m bench --only 3,5 --repeats 1`: some workloads; `--profile DIR`: each under pyinstrument, "
-    "its profile written to DIR; `python -m bench.report bench/results/<date>.json`: this page again from a "
-    "results file.",
+    "- `python -m bench --only 3,5 --repeats 1`: some workloads; `--results FILE`: a trial run that leaves "
+    "the day's results file alone; `--profile DIR`: each under pyinstrument, its profile written to DIR; "
+    "`python -m bench.report bench/results/<date>.json`: this page again from a results file.",
     "- Needs PostgreSQL (`EXPORTS_BENCH_DATABASE_URL`, default `postgresql://postgres@127.0.0.1:5432/postgres`; "
     "scratch databases `exports_bench_*` are created and dropped), pgbench (Debian `postgresql-contrib`), "
     "`redis-server` (the run starts its own on a free loopback port; `EXPORTS_BENCH_BROKER_URL` picks another), "
-    "and for the SFTP partner and the upload stage, root and OpenSSH sshd (else the embedded partner server, "
-    "and no upload stage).",
+    "and for the SFTP partner, the end-to-end ceilings and the upload stage, root and OpenSSH sshd and its "
+    "`sftp` client (else the embedded partner server, and none of those). Final figures come from an idle "
+    "machine: CPU, WAL and the PostgreSQL server's figures are machine- or server-wide.",
     "- Each module of the first benchmarks still runs alone: `python -m bench.claim_throughput`, "
-    "`bench.notify_cost`, `bench.stop_latency`, `bench.build_export`, `bench.upload_throughput`.",
+    "`bench.notify_cost`, `bench.stop_latency`, `bench.build_export`, `bench.upload_throughput`, "
+    "`bench.warm_sessions`.",
     "",
 ]
 

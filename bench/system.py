@@ -26,6 +26,7 @@ from app.config import Settings
 from app.store import directory
 from app.store.database import connect
 from app.store.types import Role
+from bench import procstat
 
 ROOT = Path(__file__).resolve().parents[1]
 SSHD = Path("/usr/sbin/sshd")
@@ -44,17 +45,29 @@ class PartnerAccess:
     credential_ref: str
     #: The local directory the remote directory is.
     inbox: Path
+    #: OpenSSH only: the client's private key file, the sshd we started and the log it writes.
+    key_file: str | None = None
+    sshd_pid: int | None = None
+    log: Path | None = None
+
+    @property
+    def openssh(self) -> bool:
+        return self.key_file is not None
 
 
 @contextlib.contextmanager
 def partner(base: Path) -> Iterator[PartnerAccess]:
+    """The partner the end-to-end workloads deliver to: OpenSSH sshd where it can run, else the embedded one."""
     if os.geteuid() == 0 and SSHD.exists():
         from tests.fixtures.sftp import KEYFILE_ENV, running_openssh
 
-        with running_openssh(base / "openssh") as peer:
+        home = base / "openssh"
+        with running_openssh(home) as peer:
             cfg = peer.config
+            key_file = peer.environ[KEYFILE_ENV]
             yield PartnerAccess("OpenSSH sshd", cfg.host, cfg.port, cfg.username, cfg.remote_dir, cfg.host_key,
-                                f"keyfile:{peer.environ[KEYFILE_ENV]}", peer.inbox)
+                                f"keyfile:{key_file}", peer.inbox, key_file, sshd_listener(home),
+                                home / "sshd.log")
         return
     from exports_devtools.partner import start_partner
 
@@ -68,18 +81,63 @@ def partner(base: Path) -> Iterator[PartnerAccess]:
         started.stop()
 
 
+def sshd_listener(home: Path) -> int | None:
+    """The sshd ``running_openssh`` started in ``home``: the pid its PidFile names, if that process's
+    title still shows its config (the listener's does; each connection's process retitles itself)."""
+    try:
+        pid = int((home / "sshd.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid in procstat.find_by_cmdline(str(home / "sshd_config")) else None
+
+
 def add_tenant(url: str, access: PartnerAccess, contacts: int) -> tuple[uuid.UUID, uuid.UUID]:
     """A tenant with ``contacts`` consenting contacts and one destination on the partner, through the store."""
-    tenant, destination = uuid.uuid4(), uuid.uuid4()
+    tenant = uuid.uuid4()
     with contextlib.closing(connect(url, Role.APP)) as conn:
         directory.add_tenant(conn, tenant_id=tenant, name=f"bench-{tenant.hex[:6]}")
-        directory.add_destination(conn, destination_id=destination, destination=directory.NewDestination(
-            tenant_id=tenant, name="partner", host=access.host, port=access.port, username=access.username,
-            remote_dir=access.remote_dir, host_key=access.host_key, credential_ref=access.credential_ref))
         directory.copy_contacts(conn, tenant_id=tenant, contacts=(
             directory.NewContact(f"person{i}@example.com", f"Person {i}", f"Company {i % 97}",
                                  f"+1 555 {i:07d}", True) for i in range(contacts)))
-    return tenant, destination
+    return tenant, add_destination(url, access, tenant)
+
+
+def add_destination(url: str, access: PartnerAccess, tenant: uuid.UUID) -> uuid.UUID:
+    """One destination on the partner for an existing tenant, through the store."""
+    destination = uuid.uuid4()
+    with contextlib.closing(connect(url, Role.APP)) as conn:
+        directory.add_destination(conn, destination_id=destination, destination=directory.NewDestination(
+            tenant_id=tenant, name=f"partner-{destination.hex[:6]}", host=access.host, port=access.port,
+            username=access.username, remote_dir=access.remote_dir, host_key=access.host_key,
+            credential_ref=access.credential_ref))
+    return destination
+
+
+def postmaster_pid(url: str) -> int | None:
+    """The postmaster of the server ``url`` names, when that server runs on this machine: the parent of
+    this connection's backend."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+    if backend is None:
+        return None
+    stat = Path(f"/proc/{backend[0]}/stat")
+    try:
+        parsed = procstat.parse_stat(stat.read_text())
+    except (OSError, ValueError, IndexError):
+        return None   # another machine's (or another namespace's) server
+    return parsed.ppid if parsed.comm.startswith("postgres") else None
+
+
+def redis_pid(broker_url: str) -> int | None:
+    """The redis-server behind ``broker_url`` when it runs on this machine."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        pid = int(client.info("server")["process_id"])
+    finally:
+        client.close()
+    return pid if Path(f"/proc/{pid}").exists() else None
 
 
 def _redis_server() -> Path:
@@ -196,29 +254,6 @@ class Processes:
         return "".join(path.read_text(errors="replace") for path in sorted(self.log_dir.glob(f"{prefix}*.log")))
 
 
-def process_tree_cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) of these processes and their children, living ones only."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    seen: set[int] = set()
-    stack = list(pids)
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                children = (task / "children")
-                if children.exists():
-                    stack += [int(c) for c in children.read_text().split()]
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
 def backend_cpu(url: str) -> float:
     """CPU seconds of the PostgreSQL backends connected to this database now."""
     import psycopg
@@ -226,4 +261,4 @@ def backend_cpu(url: str) -> float:
     with psycopg.connect(url, autocommit=True) as conn:
         pids = [r[0] for r in conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
-    return process_tree_cpu(pids)
+    return procstat.tree_seconds(pids)

@@ -1,276 +1,173 @@
-"""Workloads 1 and 2: the running system end to end, and how soon a created export starts.
+"""Workload 1: exports of 100 contacts completed per second through the running system, against the
+same exports done with less, each measured in the same run, the order alternating between rounds.
 
-1. Exports of 100 contacts completed per second through the real ``exports relay``, two ``exports
-   worker`` processes (2 threads each) and ``exports scheduler``, delivering to a local SFTP partner,
-   with a closed-loop creator keeping 4 exports per worker thread outstanding. Ceiling: the slowest
-   stage measured alone at the same concurrency (2 processes x 2 threads): the builder, or the
-   delivery of the same file to the same partner.
-2. Wake-up latency, from the creation's commit (its outbox row's ``created_at``) to the Claimed event
-   and to the Finished (Completed) event, all on the database's clock: under the end-to-end load (from
-   workload 1's exports) and idle (one export at a time, 1-2.5 s apart), as shipped and with the
-   Dramatiq consumer's idle poll shortened (``dramatiq_worker_timeout``, an environment variable
-   Dramatiq reads; no product change). Ceiling: the bare path, a NOTIFY round trip that pushes to a
-   Redis list another client pops.
+- ours: the real ``exports relay``, two ``exports worker`` processes (2 threads each) and ``exports
+  scheduler``, delivering to the partner; a closed-loop load generator keeps 16 exports outstanding
+  (``export.create``), polling the ones it created by primary key.
+- ceiling, the least work that delivers the same files (``bench.least_work``): 4 threads, each with a
+  warm connection and a warm session, 3 transactions per export.
+- baselines, the same export body as a Procrastinate task and as a pgqueuer entrypoint
+  (``bench.peer_exports``), 2 worker processes x 2, the same load generator deferring to them.
+
+Each side runs alone: ours' processes are stopped while a ceiling runs (and started again, with a
+warm-up, when ours runs next). Per export and per side: CPU by process kind, transactions, WAL syncs
+and bytes, SSH logins, Redis commands (``bench.meter``); and the idle system's cost per second.
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
-import threading
-import time
+import hashlib
+import statistics
 import uuid
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import psycopg
-import redis
+from psycopg.conninfo import conninfo_to_dict
 
 from app.actors.builder import ContactsBuilder
 from app.actors.policy import Scope
 from app.actors.stop import StopSignal
-from app.delivery.destination import Destination, DestinationConfig
-from app.store import directory, export
+from app.store import export
 from app.store.database import connect
-from app.store.types import ExpectedFile, Role
-from bench import system
-from bench.harness import Context, Outcome, Row, Stat, Workload, at_least, log, percentile, settle, value_at_most
+from app.store.types import Role
+from bench import closed_loop, least_work, meter, peer_exports, system
+from bench.closed_loop import Generator, SideRun
+from bench.export_body import Exporter, Target
+from bench.harness import Context, Outcome, Row, Stat, Workload, at_least, log, settle, value_at_most
+from bench.workloads.wakeup import TERMINAL, latencies
 
 WORKERS = 2
 THREADS = 2
-#: Exports kept outstanding per worker thread by the creator.
+#: Exports kept outstanding per worker thread by the load generator.
 BACKLOG_PER_SLOT = 4
-#: The shortened idle poll for the tuned variant, in milliseconds.
-TUNED_WORKER_TIMEOUT_MS = 50
-TERMINAL = ("Completed", "Failed", "OutcomeUnknown", "Stopped", "Canceled", "Rejected")
+BACKLOG = WORKERS * THREADS * BACKLOG_PER_SLOT
 TABLES = ("export_jobs", "export_attempt_events", "outbox")
+OURS = "ours"
 
 
-# --- the ceiling: one stage alone, in 2 processes x 2 threads ----------------------------------------
+class SystemQueue:
+    """Ours' load generator: ``export.create``, and the terminal ones among its ids."""
+
+    def __init__(self, url: str, tenant: uuid.UUID, destination: uuid.UUID) -> None:
+        self.tenant, self.destination = tenant, destination
+        self.conn = connect(url, Role.APP)
+        self.reader = psycopg.connect(url, autocommit=True)
+
+    def submit(self) -> uuid.UUID:
+        job_id = uuid.uuid4()
+        result = export.create(self.conn, job_id=job_id, tenant_id=self.tenant, destination_id=self.destination,
+                               delivery_key=job_id.hex, created_by="bench")
+        if result is not export.CreateResult.CREATED:
+            raise RuntimeError(f"export.create answered {result}")
+        return job_id
+
+    def ended(self, ids: list) -> dict:
+        return dict(self.reader.execute("SELECT id, status FROM export_jobs WHERE id = ANY(%s) AND status = ANY(%s)",
+                                        (ids, list(TERMINAL))).fetchall())
+
+    def close(self) -> None:
+        self.conn.close()
+        self.reader.close()
 
 
-def _stage_process(kind: str, url: str, tenant: str, destination: str, seconds: float, threads: int,
-                   work_dir: str) -> int:
-    """Runs in a fresh process: ``threads`` threads doing ``kind`` (build or upload) for ``seconds``."""
-    tenant_id, destination_id = uuid.UUID(tenant), uuid.UUID(destination)
-    builder = ContactsBuilder(url, Path(work_dir))
-    with contextlib.closing(connect(url, Role.APP)) as conn:
-        config = DestinationConfig.from_row(directory.read_destination(conn, tenant_id=tenant_id,
-                                                                       destination_id=destination_id))
-    sample = builder.build(job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant_id,
-                           scope=Scope.CONSENTING_CONTACTS, stop=StopSignal())
-    counts = [0] * threads
-    deadline = time.monotonic() + seconds
+class SystemSide:
+    """The running system; started on first use and kept up until ``down`` (a ceiling is about to run)."""
 
-    def loop(i: int) -> None:
-        while time.monotonic() < deadline:
-            if kind == "build":
-                builder.build(job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant_id,
-                              scope=Scope.CONSENTING_CONTACTS, stop=StopSignal()).delete()
-            else:
-                expected = ExpectedFile(f"stage-{uuid.uuid4().hex}.csv", sample.size, sample.sha256)
-                outcome = Destination(config).deliver(sample.path, expected, attempt_id=str(uuid.uuid4()),
-                                                      record_evidence=lambda evidence: None)
-                if outcome.status != "Completed":
-                    raise RuntimeError(f"stage upload ended {outcome.status}")
-            counts[i] += 1
+    name = OURS
 
-    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    sample.delete()
-    return sum(counts)
+    def __init__(self, url: str, broker_url: str, state: Path, tenant: uuid.UUID, destination: uuid.UUID) -> None:
+        self.url, self.broker_url, self.state = url, broker_url, state
+        self.tenant, self.destination = tenant, destination
+        self.procs: system.Processes | None = None
+        self.generator: Generator | None = None
+        self.starts = 0
+        #: The exports created inside measured windows, for workload 2's latencies under load.
+        self.window_jobs: list[uuid.UUID] = []
+        self.created = 0
+        self._window_from = 0
 
+    def start(self) -> None:
+        if self.procs is None:
+            system.flush_broker(self.broker_url)
+            self.procs = system.Processes.for_database(self.url, self.broker_url, self.state / f"start-{self.starts}")
+            self.procs.start_system(WORKERS, THREADS)
+            self.starts += 1
+        self.generator = Generator(SystemQueue(self.url, self.tenant, self.destination), BACKLOG).start()
 
-def stage_rate(kind: str, url: str, tenant: uuid.UUID, destination: uuid.UUID, seconds: float,
-               work_dir: Path) -> float:
-    with ProcessPoolExecutor(WORKERS, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_stage_process, kind, url, str(tenant), str(destination), seconds, THREADS,
-                               str(work_dir)) for _ in range(WORKERS)]
-        # Spawning takes a moment: the window is each process's own, measured inside it.
-        return sum(f.result() for f in futures) / seconds
+    def down(self) -> None:
+        if self.procs is not None:
+            self.procs.stop()
+            self.procs = None
 
+    def mark(self) -> None:
+        self._window_from = len(self.generator.created) if self.generator else 0
 
-# --- the system's run --------------------------------------------------------------------------------
+    def completed(self) -> int:
+        return self.generator.completed if self.generator else 0
 
+    def generator_transactions(self) -> int:
+        return self.generator.polls if self.generator else 0
 
-def _counts(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT count(*) FROM export_jobs WHERE status = ANY(%s)", (list(TERMINAL),)).fetchone()[0]
+    def python_pids(self) -> list[int]:
+        return self.procs.pids() if self.procs else []
+
+    def check(self) -> None:
+        if self.procs is not None:
+            self.procs.check_alive()
+        if self.generator is not None:
+            self.generator.check()
+
+    def stop(self) -> dict[str, int]:
+        if self.generator is None:
+            return {}
+        generator, self.generator = self.generator, None
+        statuses = generator.stop()
+        self.window_jobs += generator.created[self._window_from:]
+        self.created += len(generator.created)
+        return statuses
 
 
 def _table_stats(url: str) -> dict[str, dict[str, int]]:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_force_next_flush()")
         rows = conn.execute(
             "SELECT relname, n_live_tup, n_dead_tup, pg_total_relation_size(relid) AS bytes"
             " FROM pg_stat_user_tables WHERE relname = ANY(%s)", (list(TABLES),)).fetchall()
     return {r[0]: {"live": r[1], "dead": r[2], "bytes": r[3]} for r in rows}
 
 
-def _busy_jiffies() -> tuple[int, int]:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+def same_bytes_as_the_product(url: str, target: Target, work: Path) -> None:
+    """The ceilings' body must write exactly the CSV the builder writes, or they deliver other files."""
+    work.mkdir(parents=True, exist_ok=True)
+    builder = ContactsBuilder(url, work)
+    try:
+        built = builder.build(job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=uuid.UUID(target.tenant),
+                              scope=Scope.CONSENTING_CONTACTS, stop=StopSignal())
+    finally:
+        builder.close()
+    exporter = Exporter(target)
+    try:
+        mine = work / "ceiling.csv"
+        exporter.build(mine)
+        same = hashlib.sha256(mine.read_bytes()).digest() == built.sha256
+    finally:
+        exporter.close()
+        built.delete()
+    if not same:
+        raise RuntimeError("the ceilings' COPY writes other bytes than the builder: fix bench.export_body")
 
 
-class Creator:
-    """Keeps ``backlog`` exports outstanding (created, not yet terminal) until stopped."""
-
-    def __init__(self, url: str, tenant: uuid.UUID, destination: uuid.UUID, backlog: int) -> None:
-        self.url, self.tenant, self.destination, self.backlog = url, tenant, destination, backlog
-        self.created: list[uuid.UUID] = []
-        self.done = 0
-        self.stop = threading.Event()
-        self.failure: BaseException | None = None
-
-    def run(self) -> None:
+def _ceilings(url: str, target: Target, outcome: Outcome) -> list[Any]:
+    least_work.install(url)
+    sides: list[Any] = [least_work.LeastWorkSide(target)]
+    for kind, make in (("procrastinate", peer_exports.procrastinate_side), ("pgqueuer", peer_exports.pgqueuer_side)):
         try:
-            with contextlib.closing(connect(self.url, Role.APP)) as conn, \
-                    psycopg.connect(self.url, autocommit=True) as reader:
-                # Ended before this run: not this run's to count.
-                baseline = _counts(reader)
-                while not self.stop.is_set():
-                    if len(self.created) - self.done < self.backlog:
-                        job_id = uuid.uuid4()
-                        result = export.create(conn, job_id=job_id, tenant_id=self.tenant,
-                                               destination_id=self.destination, delivery_key=job_id.hex,
-                                               created_by="bench")
-                        assert result is export.CreateResult.CREATED, result
-                        self.created.append(job_id)
-                    else:
-                        self.done = _counts(reader) - baseline
-                        self.stop.wait(0.01)
-        except BaseException as exc:   # surfaced by the caller
-            self.failure = exc
-
-
-def system_run(url: str, procs: system.Processes, tenant: uuid.UUID, destination: uuid.UUID,
-               seconds: float, backlog: int) -> dict:
-    """One window of the closed loop; returns the rate, its timeline and what the tables did."""
-    before = _table_stats(url)
-    cpu_before = system.process_tree_cpu(procs.pids())
-    busy_before = _busy_jiffies()
-    creator = Creator(url, tenant, destination, backlog)
-    thread = threading.Thread(target=creator.run, daemon=True)
-    timeline: list[tuple[float, int]] = []
-    with psycopg.connect(url, autocommit=True) as conn:
-        start_count = _counts(conn)
-        thread.start()
-        started = time.monotonic()
-        while (elapsed := time.monotonic() - started) < seconds:
-            timeline.append((elapsed, _counts(conn) - start_count))
-            procs.check_alive()
-            if creator.failure:
-                raise creator.failure
-            time.sleep(0.5)   # a sampling interval, not a wait for a condition
-        completed = _counts(conn) - start_count
-        timeline.append((time.monotonic() - started, completed))
-        creator.stop.set()
-        thread.join()
-        cpu = system.process_tree_cpu(procs.pids()) - cpu_before
-        busy = [a - b for a, b in zip(_busy_jiffies(), busy_before, strict=True)]
-        # Let the backlog finish so the next run starts with none.
-        deadline = time.monotonic() + 120
-        while _counts(conn) - start_count < len(creator.created) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        statuses = dict(conn.execute(
-            "SELECT status, count(*) FROM export_jobs WHERE id = ANY(%s) GROUP BY status",
-            (creator.created,)).fetchall())
-    after = _table_stats(url)
-    third = seconds / 3 if seconds < 180 else 60.0
-
-    # The first window starts at the first completion: the loop's own start-up is not drift.
-    t0 = next((t for t, c in timeline if c > 0), 0.0)
-
-    def rate_between(a: float, b: float) -> float:
-        inside = [(t, c) for t, c in timeline if a <= t <= b]
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
-
-    first, last = rate_between(t0, t0 + third), rate_between(seconds - third, seconds)
-    return {
-        "rate": completed / seconds, "completed": completed, "created": len(creator.created),
-        "drift": abs(last - first) / first if first else float("nan"), "first": first, "last": last,
-        "timeline": timeline, "statuses": statuses, "jobs": creator.created,
-        "cpu_ms_per_export": 1000 * cpu / completed if completed else float("nan"),
-        "machine_busy": busy[0] / busy[1] if busy[1] else float("nan"),
-        "before": before, "after": after,
-    }
-
-
-def latencies(url: str, jobs: list[uuid.UUID]) -> tuple[list[float], list[float]]:
-    """Seconds from each job's first outbox row to its Claimed and its Finished event."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            """
-            WITH created AS (SELECT job_id, min(created_at) AS at FROM outbox
-                             WHERE job_id = ANY(%(ids)s) GROUP BY job_id)
-            SELECT extract(epoch FROM c.recorded_at - created.at) AS claimed,
-                   extract(epoch FROM f.recorded_at - created.at) AS finished
-            FROM created
-            LEFT JOIN export_attempt_events c ON c.job_id = created.job_id AND c.kind = 'Claimed'
-            LEFT JOIN export_attempt_events f ON f.job_id = created.job_id AND f.kind = 'Finished'
-            """, {"ids": jobs}).fetchall()
-    return [float(r[0]) for r in rows if r[0] is not None], [float(r[1]) for r in rows if r[1] is not None]
-
-
-# --- the wake-up ceiling -----------------------------------------------------------------------------
-
-
-def bare_wakeups(url: str, broker_url: str, samples: int) -> list[float]:
-    """Commit a NOTIFY; a listener pushes to a Redis list; another client pops it. Seconds, each."""
-    key = f"bench:wakeup:{uuid.uuid4().hex}"
-    results: list[float] = []
-    with psycopg.connect(url, autocommit=True) as listener, psycopg.connect(url, autocommit=True) as sender:
-        listener.execute("LISTEN bench_wakeup")
-        pusher, popper = redis.Redis.from_url(broker_url), redis.Redis.from_url(broker_url)
-
-        def relay() -> None:
-            for _ in range(samples):
-                for _ in listener.notifies(timeout=5, stop_after=1):
-                    pusher.lpush(key, b"x")
-
-        thread = threading.Thread(target=relay)
-        thread.start()
-        for _ in range(samples):
-            started = time.perf_counter()
-            sender.execute("SELECT pg_notify('bench_wakeup', '')")
-            popper.brpop([key], timeout=5)
-            results.append(time.perf_counter() - started)
-        thread.join()
-        pusher.close()
-        popper.close()
-    return results
-
-
-def idle_wakeups(url: str, tenant: uuid.UUID, destination: uuid.UUID, samples: int, seed: int) -> list[uuid.UUID]:
-    """One export at a time, each after a 1-2.5 s pause (so the consumers are at their idle backoff),
-    each waited for until terminal."""
-    rng = random.Random(seed)
-    jobs = []
-    with contextlib.closing(connect(url, Role.APP)) as conn:
-        for _ in range(samples):
-            time.sleep(rng.uniform(1.0, 2.5))   # the arrival pattern under test: sparse creations
-            job_id = uuid.uuid4()
-            export.create(conn, job_id=job_id, tenant_id=tenant, destination_id=destination,
-                          delivery_key=job_id.hex, created_by="bench")
-            jobs.append(job_id)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                status = conn.execute("SELECT status FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-                if status["status"] in TERMINAL:
-                    break
-                time.sleep(0.02)
-    return jobs
-
-
-# --- the workloads -----------------------------------------------------------------------------------
-
-
-def _ms(values: list[float]) -> list[float]:
-    return [v * 1000 for v in values]
+            peer_exports.install(kind, url)
+        except ImportError as exc:
+            outcome.notes.append(f"{kind} was not measured: not installed ({exc.name}); `pip install -e '.[bench]'`")
+            continue
+        sides.append(make(url, target, BACKLOG))
+    return sides
 
 
 def run_end_to_end(ctx: Context) -> Outcome:
@@ -279,145 +176,170 @@ def run_end_to_end(ctx: Context) -> Outcome:
     state = ctx.work_dir / "e2e"
     with system.partner(state / "partner") as access:
         url = ctx.fresh_database("e2e")
+        database = conninfo_to_dict(url)["dbname"]
         tenant, destination = system.add_tenant(url, access, sizes.e2e_contacts)
-        system.flush_broker(ctx.broker_url)
-        procs = system.Processes.for_database(url, ctx.broker_url, state)
-        procs.start_system(WORKERS, THREADS)
+        ours = SystemSide(url, ctx.broker_url, state, tenant, destination)
+        sides: list[Any] = []
+        if access.openssh:
+            assert access.key_file is not None
+            target = Target(url, str(tenant), access.host, access.port, access.username, access.key_file,
+                            access.host_key, access.remote_dir, str(state / "ceiling-work"))
+            same_bytes_as_the_product(url, target, Path(target.work_dir))
+            sides = _ceilings(url, target, outcome)
+        else:
+            outcome.notes.append("The ceilings were not measured: they deliver to OpenSSH sshd, which needs root.")
+        sides.append(ours)
+        servers = {"postgresql": system.postmaster_pid(url), "sshd": access.sshd_pid,
+                   "redis": system.redis_pid(ctx.broker_url)}
+        gauge = meter.Meter(ctx.base_url, str(database), {kind: [pid] for kind, pid in servers.items() if pid},
+                            access.log, ctx.broker_url)
+        runs: dict[str, list[SideRun]] = {side.name: [] for side in sides}
+        idle: list[dict[str, float]] = []
+        tables_before = _table_stats(url)
         try:
-            log("   warm-up")
-            system_run(url, procs, tenant, destination, 5, WORKERS * THREADS * BACKLOG_PER_SLOT)
-            stage_seconds = max(4.0, sizes.e2e_seconds / 5)
-            runs: list[dict] = []
-            ceilings: list[float] = []
-            stages: dict[str, list[float]] = {"build": [], "upload": []}
-
-            def ceiling() -> float:
-                for kind in ("build", "upload"):
-                    stages[kind].append(stage_rate(kind, url, tenant, destination, stage_seconds, state / "stage"))
-                return min(stages["build"][-1], stages["upload"][-1])
-
-            def ours() -> float:
-                runs.append(system_run(url, procs, tenant, destination, sizes.e2e_seconds,
-                                       WORKERS * THREADS * BACKLOG_PER_SLOT))
-                log(f"   system {runs[-1]['rate']:.1f}/s, statuses {runs[-1]['statuses']}")
-                return runs[-1]["rate"]
-
-            ceilings, ourselves = ctx.paired(ceiling, ours, prepare=lambda: settle(url))
-            claimed, finished = [], []
-            for run in runs:
-                c, f = latencies(url, run["jobs"])
-                claimed += c
-                finished += f
-            ctx.shared["wakeup_under_load"] = (claimed, finished)
+            for round_ in range(ctx.repeats):
+                for side in (sides if round_ % 2 == 0 else sides[::-1]):
+                    if side is not ours:
+                        ours.down()
+                    settle(url)
+                    run = closed_loop.measure(side, gauge, warmup=sizes.e2e_warmup_seconds, seconds=sizes.e2e_seconds)
+                    runs[side.name].append(run)
+                    log(f"   {side.name}: {run.rate:.1f}/s, {run.costs.get('cpu_ms', float('nan')):.1f} ms CPU "
+                        f"per export, statuses {run.statuses}")
+                    if side is ours:
+                        idle.append(closed_loop.idle(ours.python_pids(), gauge, sizes.e2e_idle_seconds))
         finally:
-            procs.stop()
-    slowest = "build" if statistics_median(stages["build"]) < statistics_median(stages["upload"]) else "upload"
+            ours.down()
+            gauge.close()
+        tables_after = _table_stats(url)
+        ctx.shared["wakeup_under_load"] = latencies(url, ours.window_jobs)
+    _rows(outcome, runs, idle, access, tables_before, tables_after, ours.created)
+    _notes(outcome, runs, ctx, access, ours.starts)
+    return outcome
+
+
+def _median(runs: list[SideRun], key: str) -> float:
+    values = [r.costs[key] for r in runs if key in r.costs and r.costs[key] == r.costs[key]]
+    return statistics.median(values) if values else float("nan")
+
+
+def _rows(outcome: Outcome, runs: dict[str, list[SideRun]], idle: list[dict[str, float]],
+          access: system.PartnerAccess, before: dict, after: dict, created: int) -> None:
+    ours = runs[OURS]
+    rate = Stat.of([r.rate for r in ours])
+    comparisons = [
+        ("least work", "ceiling", "least work that delivers the same files, 4 threads", at_least(0.5)),
+        ("Procrastinate", "baseline", "the same export body as a Procrastinate task, 2x2", at_least(1.2)),
+        ("pgqueuer", "baseline", "the same export body as a pgqueuer entrypoint, 2x2", None),
+    ]
+    for name, versus, what, goal in comparisons:
+        if runs.get(name):
+            outcome.rows.append(Row("exports of 100 contacts completed", "exports/s", rate,
+                                    Stat.of([r.rate for r in runs[name]]), what, goal, versus=versus))
+    if len(outcome.rows) == 0:
+        outcome.rows.append(Row("exports of 100 contacts completed", "exports/s", rate))
     outcome.rows += [
-        Row(f"exports of {sizes.e2e_contacts} contacts completed", "exports/s", Stat.of(ourselves),
-            Stat.of(ceilings), f"slowest stage alone ({slowest}), {WORKERS}x{THREADS}", at_least(0.3)),
-        Row("drift, first vs last " + ("minute" if sizes.e2e_seconds >= 180 else "third of the run"), "fraction",
-            Stat.of([r["drift"] for r in runs]), goal=value_at_most(0.15, "<= 0.15")),
-        Row("builds alone (stage ceiling)", "builds/s", Stat.of(stages["build"])),
-        Row(f"uploads alone to {access.kind} (stage ceiling)", "uploads/s", Stat.of(stages["upload"])),
-        Row("CPU of relay, workers and scheduler", "ms/export", Stat.of([r["cpu_ms_per_export"] for r in runs])),
-        Row("machine busy during the run (all processes)", "fraction", Stat.of([r["machine_busy"] for r in runs])),
+        Row("drift, first vs last " + ("minute" if ours[0].seconds >= 180 else "third of the run"), "fraction",
+            Stat.of([r.drift for r in ours]), goal=value_at_most(0.15, "<= 0.15")),
+        Row("CPU per export, all kinds", "ms/export", Stat.of([r.costs.get("cpu_ms", float("nan")) for r in ours]),
+            Stat.of([r.costs["cpu_ms"] for r in runs["least work"]]) if runs.get("least work") else None,
+            "least work" if runs.get("least work") else "", versus="ceiling"),
+        Row("machine busy during the run (all processes)", "fraction",
+            Stat.of([r.costs.get("machine_busy", float("nan")) for r in ours])),
     ]
-    completed = sum(r["completed"] for r in runs)
+    if idle:
+        for key, label, unit in (("redis_commands", "idle system: Redis commands", "commands/s"),
+                                 ("cpu_python_ms", "idle system: CPU of its Python processes", "ms/s"),
+                                 ("transactions", "idle system: transactions", "transactions/s"),
+                                 ("wal_kib", "idle system: WAL the server wrote (any database)", "KiB/s")):
+            values = [i[key] for i in idle if key in i]
+            if values:
+                outcome.rows.append(Row(label, unit, Stat.of(values)))
     for table in TABLES:
-        grown = runs[-1]["after"].get(table, {}).get("bytes", 0) - runs[0]["before"].get(table, {}).get("bytes", 0)
-        outcome.rows.append(Row(f"{table}: growth over {completed} exports", "kB/1000 exports",
-                                Stat.of([grown / 1024 / max(completed, 1) * 1000])))
-        outcome.rows.append(Row(f"{table}: dead tuples at the end of a run", "tuples",
-                                Stat.of([r["after"].get(table, {}).get("dead", 0) for r in runs])))
-    outcome.notes += [
-        f"Partner: {access.kind} on loopback; {WORKERS} `exports worker --processes 1 --threads {THREADS}`, "
-        f"`exports relay`, `exports scheduler`; Redis {ctx.broker_url}; the creator keeps "
-        f"{WORKERS * THREADS * BACKLOG_PER_SLOT} exports outstanding; {sizes.e2e_seconds:.0f} s per run.",
-        "Outcome of every export created: " + ", ".join(f"run {i + 1}: {r['statuses']}" for i, r in enumerate(runs)),
-        f"Stage ceilings: {stage_seconds:.0f} s each, in {WORKERS} fresh processes x {THREADS} threads, "
-        "the builder opening its connection per build as the product does.",
-    ]
-    outcome.series["completed exports vs seconds"] = {
-        f"run {i + 1}": [(t, c) for t, c in r["timeline"]] for i, r in enumerate(runs)}
-    return outcome
+        grown = after.get(table, {}).get("bytes", 0) - before.get(table, {}).get("bytes", 0)
+        outcome.rows.append(Row(f"{table}: growth over the {created} exports of ours' runs", "kB/1000 exports",
+                                Stat.of([grown / 1024 / max(created, 1) * 1000])))
+        outcome.rows.append(Row(f"{table}: dead tuples at the end", "tuples", Stat.of([after.get(table, {})
+                                                                                        .get("dead", 0)])))
+    names = [n for n in ("least work", "Procrastinate", "pgqueuer", OURS) if runs.get(n)]
+    lines = [("exports/s", lambda rs: statistics.median(r.rate for r in rs))]
+    for key, label in COST_LINES:
+        lines.append((label, lambda rs, key=key: _median(rs, key)))
+    outcome.tables["Per export, by side (medians of the rounds)"] = {
+        "columns": ["per export", *names],
+        "rows": [[label, *[fn(runs[n]) for n in names]] for label, fn in lines]}
+    if access.sshd_pid is None:
+        outcome.notes.append("sshd CPU and SSH logins were not measured: the partner is not an sshd of ours.")
+    if not any("cpu_postgresql_ms" in r.costs for r in ours):
+        outcome.notes.append("PostgreSQL CPU was not measured: the server does not run on this machine.")
 
 
-def statistics_median(values: list[float]) -> float:
-    return Stat.of(values).median if values else float("nan")
+COST_LINES = (
+    ("cpu_ms", "CPU, all kinds (ms)"),
+    ("cpu_python_ms", "CPU, Python of the side (ms)"),
+    ("cpu_postgresql_ms", "CPU, PostgreSQL (ms)"),
+    ("cpu_sshd_ms", "CPU, sshd (ms)"),
+    ("cpu_redis_ms", "CPU, redis-server (ms)"),
+    ("transactions", "transactions"),
+    ("wal_syncs", "WAL fsyncs"),
+    ("wal_kib", "WAL (KiB)"),
+    ("ssh_logins", "SSH logins per delivery"),
+    ("redis_commands", "Redis commands"),
+)
 
 
-def run_wakeup(ctx: Context) -> Outcome:
+def _notes(outcome: Outcome, runs: dict[str, list[SideRun]], ctx: Context, access: system.PartnerAccess,
+           starts: int) -> None:
     sizes = ctx.sizes
-    outcome = Outcome()
-    state = ctx.work_dir / "wakeup"
-    variants: dict[str, tuple[list[float], list[float]]] = {}
-    with system.partner(state / "partner") as access:
-        url = ctx.fresh_database("wakeup")
-        tenant, destination = system.add_tenant(url, access, sizes.e2e_contacts)
-        ceiling = bare_wakeups(url, ctx.broker_url, max(50, sizes.wakeup_idle_samples * 5))
-        for name, env in (("as shipped", {}), (f"dramatiq_worker_timeout={TUNED_WORKER_TIMEOUT_MS}",
-                                              {"dramatiq_worker_timeout": str(TUNED_WORKER_TIMEOUT_MS)})):
-            system.flush_broker(ctx.broker_url)
-            procs = system.Processes.for_database(url, ctx.broker_url, state / slug_of(name))
-            procs.start_system(WORKERS, THREADS, **env)
-            try:
-                idle_wakeups(url, tenant, destination, 2, seed=1)   # warm-up: the workers' first export
-                jobs = idle_wakeups(url, tenant, destination, sizes.wakeup_idle_samples, seed=7)
-                variants[name] = latencies(url, jobs)
-                redis_idle = _redis_commands_per_second(ctx.broker_url, 3.0)
-                outcome.notes.append(f"{name}: the Redis server answered {redis_idle:.0f} commands/s with the "
-                                     "system idle (server-wide: other clients of this Redis count too).")
-            finally:
-                procs.stop()
-    ceiling_stat = Stat.of(_ms(ceiling))
-    p99 = Stat.of([percentile(_ms(ceiling), 99)])
-    for name, (claimed, finished) in variants.items():
-        outcome.rows += [
-            Row(f"idle, {name}: commit -> Claimed p50", "ms", Stat.of([percentile(_ms(claimed), 50)]),
-                Stat.of([ceiling_stat.median]), "NOTIFY -> Redis push -> pop, p50"),
-            Row(f"idle, {name}: commit -> Claimed p99", "ms", Stat.of([percentile(_ms(claimed), 99)]), p99,
-                "NOTIFY -> Redis push -> pop, p99", value_at_most(50, "p99 <= 50 ms")),
-            Row(f"idle, {name}: commit -> Completed p50 / p99", "ms",
-                Stat.of([percentile(_ms(finished), 50), percentile(_ms(finished), 99)]),
-                note="range shows p50-p99"),
-        ]
-    under_load = ctx.shared.get("wakeup_under_load")
-    if under_load:
-        claimed, finished = under_load
-        outcome.rows += [
-            Row("under the end-to-end load: commit -> Claimed p50 / p99", "ms",
-                Stat.of([percentile(_ms(claimed), 50), percentile(_ms(claimed), 99)]), note="range shows p50-p99"),
-            Row("under the end-to-end load: commit -> Completed p50 / p99", "ms",
-                Stat.of([percentile(_ms(finished), 50), percentile(_ms(finished), 99)]), note="range shows p50-p99"),
-        ]
-        outcome.notes.append("Under load the creator keeps 4 exports per worker thread outstanding, so these "
-                             "include queueing behind that backlog (workload 1's exports).")
-    outcome.notes.append(f"{sizes.wakeup_idle_samples} idle samples per variant, each created 1-2.5 s after the "
-                         f"last one ended; timestamps are the database's (outbox created_at, event recorded_at).")
-    outcome.series["idle commit -> Claimed, sorted vs sample"] = {
-        name: list(enumerate(sorted(_ms(claimed)))) for name, (claimed, _) in variants.items()}
-    return outcome
-
-
-def slug_of(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text)
-
-
-def _redis_commands_per_second(broker_url: str, seconds: float) -> float:
-    client = redis.Redis.from_url(broker_url)
-    try:
-        before = client.info("stats")["total_commands_processed"]
-        time.sleep(seconds)   # a measuring window
-        return (client.info("stats")["total_commands_processed"] - before - 1) / seconds
-    finally:
-        client.close()
+    others = [r.costs.get("other_transactions_per_s", 0.0) for rs in runs.values() for r in rs]
+    outcome.notes += [
+        f"Partner: {access.kind} on loopback; ours: {WORKERS} `exports worker --processes 1 --threads {THREADS}`, "
+        f"`exports relay`, `exports scheduler`, Redis {ctx.broker_url}, started {starts} times (stopped while "
+        f"another side ran); the load generator keeps {BACKLOG} exports outstanding for ours and the peers. "
+        f"Each side: its first completion, a {sizes.e2e_warmup_seconds:.0f} s warm-up, then a "
+        f"{sizes.e2e_seconds:.0f} s window; a VACUUM ANALYZE and CHECKPOINT before each.",
+        "How the costs are counted: CPU from /proc/<pid>/stat, as the growth of each kind's process tree's "
+        "utime+stime+cutime+cstime over the window (a process that exited and was reaped left its time in its "
+        "parent's cutime/cstime, so per-connection processes that came and went are counted). Python: the side's "
+        "own processes (ours: relay, workers, scheduler; least work: its process; peers: their worker "
+        "processes), not the load generator, whose creations are counted in PostgreSQL, transactions and WAL; "
+        "PostgreSQL: every process of the bench's server (backends, WAL writer, checkpointer, autovacuum); "
+        "sshd: the partner's listener and its connections; Redis: the bench's redis-server. Transactions: "
+        "pg_stat_database xact_commit+xact_rollback of the bench database, less the load generator's polls "
+        "(counted by it). WAL: pg_stat_wal wal_sync and wal_bytes (server-wide). SSH logins: the partner "
+        "sshd's 'Accepted publickey' log lines. Redis: INFO total_commands_processed.",
+        "The ceiling and the baselines run bench.export_body per export: COPY into a local file, upload under a "
+        "temporary name, no-overwrite rename, stat (no hash, no fsync, no listing), each worker thread with a warm "
+        "connection and a warm session; its CSV is checked to be the builder's, byte for byte. Least work: one "
+        "process, 4 threads, a job row inserted and marked done around each. Procrastinate: 2 worker processes, "
+        "concurrency=2, a synchronous task; pgqueuer: 2 QueueManagers, max_concurrent_tasks=2 with batch_size=1 "
+        "(it requires twice the batch), the body in asyncio.to_thread; both with LISTEN/NOTIFY and durable tables. "
+        "pgqueuer runs on its psycopg driver (its asyncpg one is not a dependency here), which shares one "
+        "connection between its NOTIFY reader (notifies with a 1 s timeout) and its queries: with few jobs in "
+        "flight a worker can wait up to a second before it logs an end or picks the next job.",
+        f"Server-wide figures (PostgreSQL CPU, WAL) include other databases' work: the other databases "
+        f"committed {max(others, default=0.0):.1f} transactions/s at most during the windows, and a CREATE "
+        "DATABASE elsewhere writes its template into the WAL in one transaction: on a shared server, read WAL "
+        "per export against the idle system's WAL rate, and each run's costs below.",
+    ]
+    for name, side_runs in runs.items():
+        outcome.notes.append(f"{name}: outcome of every export created: "
+                             + ", ".join(f"run {i + 1}: {r.statuses}" for i, r in enumerate(side_runs)))
+    outcome.details["Each run's costs per export (an outlier is a neighbour's work or a side's own spike)"] = "\n".join(
+        f"{name:14s} run {i + 1}: {r.rate:7.1f}/s  " + "  ".join(
+            f"{key} {r.costs.get(key, float('nan')):.2f}" for key in (
+                "cpu_ms", "cpu_python_ms", "cpu_postgresql_ms", "transactions", "wal_syncs", "wal_kib",
+                "other_transactions_per_s"))
+        for name, rs in runs.items() for i, r in enumerate(rs))
+    outcome.series["completed exports vs seconds"] = {
+        f"{name} {i + 1}": [(t, c) for t, c in r.timeline] for name, rs in runs.items() for i, r in enumerate(rs)}
 
 
 END_TO_END = Workload(
     "1", "End to end", "Exports of 100 contacts completed per second through the real relay, two worker processes "
-    "(2 threads each) and the scheduler, delivering to a local SFTP partner, with a closed-loop creator; drift "
-    "between the start and the end of a run, dead tuples and table growth. Ceiling: the slowest stage (build or "
-    "upload of the same file to the same partner) measured alone at the same concurrency.", run_end_to_end)
-WAKEUP = Workload("2", "Wake-up latency", "From the creation's commit to the Claimed and Completed events, "
-                  "idle and under the end-to-end load; as shipped and with Dramatiq's idle poll shortened. "
-                  "Ceiling: a NOTIFY round trip that pushes to a Redis list another client pops.", run_wakeup)
+    "(2 threads each) and the scheduler, delivering to a local SFTP partner, with a closed-loop load generator. "
+    "Ceiling: the least work that delivers the same files (4 threads, warm sessions, 3 transactions per "
+    "export). Baselines: the same export body as a Procrastinate task and as a pgqueuer entrypoint, 2 processes "
+    "x 2. Each side alone, in the same run, alternating; per export: CPU by process kind, transactions, WAL, "
+    "SSH logins and Redis commands; drift, dead tuples and table growth.", run_end_to_end)
+

@@ -197,7 +197,7 @@ def run(ctx: Context) -> Outcome:
         ceiling = Stat.of(totals[reference]) if reference else None
         goal = at_least(1.0) if name.startswith("ours") and reference else None
         outcome.rows.append(Row(f"{name}: no-op jobs, enqueue + run", "jobs/s", Stat.of(totals[name]), ceiling,
-                                "Procrastinate" if reference else "", goal))
+                                "Procrastinate" if reference else "", goal, versus="baseline"))
     if reference:
         outcome.rows.insert(0, Row("Procrastinate: no-op jobs, enqueue + run", "jobs/s", Stat.of(totals[reference])))
     for name in names:

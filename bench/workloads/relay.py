@@ -164,7 +164,7 @@ def run(ctx: Context) -> Outcome:
         system.flush_broker(ctx.broker_url)
     outcome.rows += [
         Row(f"rows published draining {n:,}", "rows/s", Stat.of(ourselves), Stat.of(ceilings),
-            "bare broker.enqueue loop", at_least(0.8)),
+            "bare broker.enqueue loop", at_least(0.8), versus="baseline"),
         Row(f"rows published draining {n:,}, against a pipeline", "rows/s", Stat.of(ourselves), Stat.of(pipelines),
             f"Redis pipeline, same script, {batch} per batch"),
     ]

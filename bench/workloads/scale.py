@@ -4,8 +4,9 @@ Two databases, a small and a large ``export_jobs`` (100k and 1M in full mode), e
 number of due rows: expired Running attempts for recovery, and Queued jobs whose last wake-up is past
 the sweeper's threshold; the rest are mostly Completed, with a few live Running and fresh Queued jobs.
 Ours: ``Recovery.run_once`` and ``Sweeper.run_once`` (their batches timed through the store functions
-they call). Ceilings: pgbench running the same statements (recovery's scan once per 100 rows and its
-requeue per row; the sweeper's batch statement) on the same rows, one client, as each service runs.
+they call). Against pgbench on the same rows, one client, as each service runs: for the sweeper a
+ceiling, its batch statement; for recovery a baseline, its scan once per 100 rows and its requeue per
+row, which ours, requeueing a batch at a time, beats.
 EXPLAIN shows which index each scan uses.
 """
 
@@ -197,7 +198,8 @@ def run(ctx: Context) -> Outcome:
         r = results[jobs]
         outcome.rows += [
             Row(f"recovery at {jobs:,} jobs, {due:,} expired", "rows/s", Stat.of(r["recovery"][1]),
-                Stat.of(r["recovery"][0]), "pgbench, same scan + requeue, 1 client", at_least(0.7)),
+                Stat.of(r["recovery"][0]), "pgbench, same scan + requeue per row, 1 client", at_least(0.7),
+                versus="baseline"),
             Row(f"sweeper at {jobs:,} jobs, {due:,} due", "rows/s", Stat.of(r["sweeper"][1]),
                 Stat.of(r["sweeper"][0]), "pgbench, same statement, 1 client", at_least(0.7)),
         ]
@@ -206,7 +208,7 @@ def run(ctx: Context) -> Outcome:
         p99 = {jobs: percentile(results[jobs][f"{service}_batches"], 99) * 1000 for jobs in results}
         outcome.rows.append(Row(f"{service}: p99 batch time at {large_jobs:,} vs at {small_jobs:,}", "ms",
                                 Stat.of([p99[large_jobs]]), Stat.of([p99[small_jobs]]), f"p99 at {small_jobs:,}",
-                                at_most(1.5)))
+                                at_most(1.5), versus="baseline"))
     used = {title: [ix for ix in ("ix_export_jobs_lease", "ix_export_jobs_woken") if ix in text]
             for title, text in outcome.details.items()}
     outcome.notes += [f"{title}: uses {', '.join(ix) or 'no partial index'}" for title, ix in used.items()]

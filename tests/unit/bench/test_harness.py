@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import harness, pgbench, report
 
 
@@ -46,7 +48,7 @@ def test_a_fake_workload_produces_a_result_row_and_the_page_renders_its_table(tm
                "machine": {"cpus": 2}, "workloads": [r.as_json() for r in reports]}
     page = report.render(results, {})
 
-    assert "| widgets | widgets/s | 10 (9-11) | a faster widget | 20 | 0.500 | >= 0.3x | yes |" in page
+    assert "| widgets | widgets/s | 10 (9-11) | ceiling: a faster widget | 20 | 0.500 | >= 0.3x | yes |" in page
     assert "## F. Fake" in page and "- made up" in page and "Index Scan using ix_x" in page
     assert "**Not measured in this run:** `ZeroDivisionError: division by zero`" in page
 
@@ -56,3 +58,36 @@ def test_pgbench_scripts_are_the_store_statement_with_its_parameters_translated(
     assert "/* export_lease_renew */" in line and "\n" not in line and line.endswith(";")
     assert "id = md5('j' || :i)::uuid" in line
     assert ":attempt_id" in line and ":lease_seconds" in line and "%(" not in line
+
+
+def test_the_page_says_whether_each_comparison_is_a_ceiling_or_a_baseline_and_flags_a_ceiling_ours_beats():
+    rows = [harness.Row("exports", "exports/s", harness.Stat.of([60.0]), harness.Stat.of([50.0]), "a peer queue",
+                        harness.at_least(1.2), versus="baseline"),
+            harness.Row("builder", "MiB/s", harness.Stat.of([60.0]), harness.Stat.of([50.0]), "psql \\copy",
+                        harness.at_least(0.9)),
+            harness.Row("upload", "MiB/s", harness.Stat.of([40.0]), harness.Stat.of([50.0]), "sftp",
+                        harness.at_least(0.6)),
+            harness.Row("upload", "MiB/s", harness.Stat.of([40.0]), harness.Stat.of([30.0]), "paramiko alone"),
+            harness.Row("latency", "ms", harness.Stat.of([40.0]), harness.Stat.of([30.0]), "a round trip")]
+    lines = report.table([r.as_json() for r in rows])
+
+    assert "| baseline: a peer queue | 50 | 1.20 | >= 1.2x | yes |" in lines[2]
+    assert "ceiling: psql \\copy (**ours beats it: not a limit**)" in lines[3]
+    assert "| ceiling: sftp | 50 | 0.800 | >= 0.6x | yes |" in lines[4]
+    assert "ceiling: paramiko alone (**ours beats it: not a limit**)" in lines[5]   # a rate: higher is better
+    assert "| ceiling: a round trip | 30 | 1.33 | - | - |" in lines[6]   # a cost above its ceiling is expected
+
+
+def test_a_comparison_is_either_a_ceiling_or_a_baseline():
+    with pytest.raises(ValueError, match="versus"):
+        harness.Row("x", "x/s", harness.Stat.of([1.0]), versus="peer")
+
+
+def test_a_side_by_side_table_renders_a_column_per_side_with_the_numbers_rounded():
+    spec = {"columns": ["per export", "least work", "ours"],
+            "rows": [["exports/s", 375.4, 56.52], ["SSH logins", 0.0, float("nan")]]}
+    lines = report.side_by_side("Per export", spec)
+    assert lines[0] == "**Per export**"
+    assert lines[2] == "| per export | least work | ours |"
+    assert lines[4] == "| exports/s | 375 | 56.5 |"
+    assert lines[5] == "| SSH logins | 0 | - |"
