@@ -173,16 +173,9 @@ class ContactsBuilder:
             unregister = stop.on_set(lambda _reason: _cancel(conn))
             try:
                 with partial.open("xb") as out:
-                    with worker_reads.consenting_contacts_csv(conn, tenant_id) as rows:
-                        # libpq hands COPY out a row at a time: gather rows into chunks, so the file
-                        # write, the hash and the stop check run per chunk rather than per row.
-                        chunk = bytearray()
-                        for row in rows:
-                            chunk += row
-                            if len(chunk) < CHUNK_BYTES:
-                                continue
-                            size, lines = self._flush(chunk, out, digest, size, lines, stop)
-                        size, lines = self._flush(chunk, out, digest, size, lines, stop)
+                    with worker_reads.consenting_contacts_csv(conn, tenant_id, CHUNK_BYTES) as blocks:
+                        for block in blocks:
+                            size, lines = self._flush(block, out, digest, size, lines, stop)
                     self._check(stop)
                     out.flush()
                     os.fsync(out.fileno())
@@ -199,7 +192,6 @@ class ContactsBuilder:
         digest.update(chunk)
         size += len(chunk)
         lines += chunk.count(b"\n")
-        chunk.clear()
         if self.checkpoint is not None:
             self.checkpoint(stop)
             self._check(stop)

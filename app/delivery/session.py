@@ -5,8 +5,10 @@ trust on first use: any other key raises ``HostKeyMismatch``), bounds the connec
 authentication and the opening of the SFTP subsystem by ``connect_timeout``, and every later request
 by ``io_timeout`` through the channel's timeout. Its socket has TCP_NODELAY set: an SFTP exchange is a
 string of small requests, each answered before the next is sent, which Nagle's algorithm and delayed
-ACKs slow by tens of milliseconds each. The session also holds the two ways of hashing a remote file,
-which are SFTP requests rather than delivery decisions. What paramiko's errors mean is decided here too
+ACKs slow by tens of milliseconds each. AES-GCM is preferred when the server offers it (any cipher
+paramiko knows is still accepted). The session also holds the SFTP mechanics the delivery uses:
+writing a new file with pipelined writes (``upload``) and the two ways of hashing a remote file. What
+paramiko's errors mean is decided here too
 (``is_status_reply``).
 """
 
@@ -17,10 +19,11 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import paramiko
-from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, int64
+from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, CMD_STATUS, CMD_WRITE, int64
 from paramiko.ssh_exception import BadHostKeyException
 
 from app import logs
@@ -31,8 +34,19 @@ from app.delivery.errors import HostKeyMismatch
 
 log = logs.get(__name__)
 
-#: Bytes per SFTP read or write request; paramiko splits anything larger anyway.
+#: Bytes per SFTP read request (paramiko splits anything larger), and per write request to a server
+#: that does not say it takes more: every server takes 32768 (the SFTP drafts' minimum).
 CHUNK_SIZE = 32768
+#: The largest write request sent, as OpenSSH's sftp client (its SFTP_MAX_MSG_LENGTH less 1024), to
+#: a server whose limits@openssh.com reply allows it. Against 32 KiB requests it halves the SSH
+#: packets paramiko builds (a 32 KiB write and its header need two) and sends an eighth of the replies.
+MAX_WRITE_SIZE = 261120
+#: Write requests sent ahead of their replies, as OpenSSH's sftp client (-R 64). The server's channel
+#: window bounds what is really in transit; memory holds one request at a time.
+WRITES_IN_FLIGHT = 64
+#: Preferred, in this order, when the server offers one: AES-GCM authenticates as it encrypts, so
+#: paramiko computes no HMAC per packet (its default, aes128-ctr with hmac-sha2-256, does).
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 #: Seconds between SSH keepalives on an open session, so an idle warm session is not dropped unseen.
 KEEPALIVE_SECONDS = 15
 
@@ -44,6 +58,7 @@ class Session:
 
     client: paramiko.SSHClient
     sftp: paramiko.SFTPClient
+    _write_size: int | None = field(default=None, repr=False)
 
     def close(self) -> None:
         for close in (self.sftp.close, self.client.close):
@@ -51,6 +66,38 @@ class Session:
                 close()
             except Exception:  # closing a dead connection is allowed to fail
                 pass
+
+    def upload(self, local_path: Path, remote_path: str) -> tuple[int, bytes]:
+        """Writes the local file to ``remote_path``, which must not exist (an exclusive create), and
+        returns the size and sha256 of what was sent, once the server has acknowledged every write.
+        Raises the server's refusal of a write, and a broken or silent connection's error: every wait,
+        for the channel's window or for a reply, is bounded by the channel's timeout."""
+        write_size = self.write_size()
+        digest = hashlib.sha256()
+        replies = _WriteReplies(self.sftp)
+        offset = 0
+        # paramiko's own pipelined SFTPFile.write waits for every outstanding reply whenever more than
+        # 100 are out and one has arrived, which empties the pipe; and it drops the replies left at
+        # close unread. Here a window of writes stays in flight and every reply is checked.
+        with local_path.open("rb") as source, self.sftp.open(remote_path, "wbx") as target:
+            while chunk := source.read(write_size):
+                replies.sent(self.sftp._async_request(replies, CMD_WRITE, target.handle, int64(offset), chunk))
+                digest.update(chunk)
+                offset += len(chunk)
+                while len(replies.pending) >= WRITES_IN_FLIGHT:
+                    self.sftp._read_response()
+                replies.raise_refusal()
+            while replies.pending:
+                self.sftp._read_response()
+            replies.raise_refusal()
+        return offset, digest.digest()
+
+    def write_size(self) -> int:
+        """Bytes per write request: what the server's ``limits@openssh.com`` reply allows, up to
+        MAX_WRITE_SIZE, else CHUNK_SIZE. Asked once per session, at its first upload."""
+        if self._write_size is None:
+            self._write_size = _write_size_allowed(self.sftp)
+        return self._write_size
 
     def remote_sha256(self, path: str) -> bytes | None:
         """The server's sha256 of ``path`` through ``check-file-name``; None when the server does not
@@ -86,6 +133,53 @@ class Session:
         return digest.digest()
 
 
+class _WriteReplies:
+    """The replies to one upload's pipelined writes, each handed here by paramiko as it is read."""
+
+    def __init__(self, sftp: paramiko.SFTPClient) -> None:
+        self.pending: set[int] = set()
+        self._sftp = sftp
+        self._refusal: BaseException | None = None
+
+    def sent(self, request: int) -> None:
+        self.pending.add(request)
+
+    def _async_response(self, kind: int, msg: paramiko.Message, request: int) -> None:
+        self.pending.discard(request)
+        if self._refusal is not None:
+            return
+        if kind != CMD_STATUS:
+            self._refusal = paramiko.SFTPError("expected a status reply to a write")
+            return
+        try:
+            # The same errors paramiko raises for a refused request of any other kind.
+            self._sftp._convert_status(msg)
+        except (OSError, EOFError) as exc:
+            self._refusal = exc
+
+    def raise_refusal(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+
+
+def _write_size_allowed(sftp: paramiko.SFTPClient) -> int:
+    # paramiko drops the server's extension list, so ask: OpenSSH answers with its limits (uint64
+    # max-packet-length, max-read-length, max-write-length, max-open-handles); others refuse.
+    try:
+        kind, msg = sftp._request(CMD_EXTENDED, "limits@openssh.com")
+    except OSError as exc:
+        if not is_status_reply(exc):
+            raise
+        return CHUNK_SIZE
+    if kind != CMD_EXTENDED_REPLY:
+        return CHUNK_SIZE
+    msg.get_int64()
+    msg.get_int64()
+    max_write = msg.get_int64()
+    # Zero says nothing; a server that takes less than paramiko's usual 32 KiB is believed.
+    return min(max_write, MAX_WRITE_SIZE) if max_write > 0 else CHUNK_SIZE
+
+
 class _RefuseUnpinned(paramiko.MissingHostKeyPolicy):
     """The server presented a key that is not the pinned one (another type, or another server)."""
 
@@ -119,6 +213,7 @@ def open_session(config: DestinationConfig, pinned: paramiko.PKey, credential: C
             look_for_keys=False,
             allow_agent=False,
             sock=sock,
+            transport_factory=_preferring_gcm,
         )
         sftp = _open_sftp(client, config)
     except BadHostKeyException as exc:
@@ -133,6 +228,16 @@ def open_session(config: DestinationConfig, pinned: paramiko.PKey, credential: C
     if transport is not None:
         transport.set_keepalive(KEEPALIVE_SECONDS)
     return Session(client, sftp)
+
+
+def _preferring_gcm(sock: socket.socket, **kwargs) -> paramiko.Transport:
+    """paramiko's transport with PREFERRED_CIPHERS first: the client's order decides, so a server that
+    offers AES-GCM gets it and any other still gets a cipher it shares with paramiko."""
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    preferred = tuple(name for name in PREFERRED_CIPHERS if name in options.ciphers)
+    options.ciphers = preferred + tuple(name for name in options.ciphers if name not in preferred)
+    return transport
 
 
 @contextmanager

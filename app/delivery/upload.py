@@ -18,7 +18,6 @@ and confirms the delivery from what the destination shows.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
 from app.delivery.errors import UploadMismatch
 from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof, Receipt
-from app.delivery.session import CHUNK_SIZE, Session, connect
+from app.delivery.session import Session, connect
 from app.delivery.sessions import HeldSession, SessionSource
 from app.store.types import ExpectedFile
 
@@ -112,17 +111,11 @@ class Ready:
     def _upload(self, session: Session, local_path: Path, temp: str) -> None:
         remote = self.config.remote_path(temp)
         expected = self._expected
-        digest = hashlib.sha256()
-        size = 0
-        # "x": an exclusive create, so a temporary name is never shared even by mistake.
-        with local_path.open("rb") as source, session.sftp.open(remote, "wbx") as target:
-            target.set_pipelined(True)
-            while chunk := source.read(CHUNK_SIZE):
-                target.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-        # Closing waited for every write's reply. Only the file recorded at cutoff 2 may be published.
-        if size != expected.size or digest.digest() != expected.sha256:
+        # An exclusive create, so a temporary name is never shared even by mistake; it returns once
+        # the server acknowledged every write.
+        size, sha256 = session.upload(local_path, remote)
+        # Only the file recorded at cutoff 2 may be published.
+        if size != expected.size or sha256 != expected.sha256:
             raise UploadMismatch("the local file is not the expected file recorded at cutoff 2")
         if session.sftp.stat(remote).st_size != expected.size:
             raise UploadMismatch("the temporary file's size differs from the expected size")

@@ -13,9 +13,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.actors.builder import BuildFailed, BuildStopped, ContactsBuilder, file_name
+from app import metrics
+from app.actors.builder import CHUNK_BYTES, BuildFailed, BuildStopped, ContactsBuilder, file_name
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.store import connector
 from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import insert_contacts
 from tests.support import Background
@@ -46,6 +48,54 @@ def test_a_build_writes_only_the_tenants_consenting_contacts_with_the_size_and_h
     assert rows[0] == {"email": "c0@example.com", "full_name": "Name c0", "company": "Acme, Inc.",
                        "phone": "+1-555-0000"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [built.path.name]   # no partial file left
+
+
+def test_a_build_of_many_chunks_writes_exactly_the_bytes_copy_sends_row_by_row_for_awkward_contacts(
+        db_url, conn, seed, tmp_path):
+    tenant = seed.tenant()
+    awkward = [('Say "hi"', "Acme, Inc.", None), ("Line one\nLine two", "", "CR\r\nLF"),
+               ("Zoë Ångström 山田太郎", "Société générale ✓", "☎ 555"), ("back\\slash", "\\.", " spaced ")]
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO contacts (tenant_id, email, full_name, company, phone, consent)"
+                        " VALUES (%s, %s, %s, %s, %s, true)",
+                        [(tenant, f"{i}@example.com", *awkward[i % len(awkward)]) for i in range(20_000)])
+
+    built = ContactsBuilder(db_url, tmp_path).build(job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant,
+                                                    scope=Scope.CONSENTING_CONTACTS, stop=StopSignal())
+
+    data = built.path.read_bytes()
+    assert len(data) > 3 * CHUNK_BYTES
+    assert data == _row_by_row(conn, tenant)
+    assert (built.size, built.sha256) == (len(data), hashlib.sha256(data).digest())
+
+
+def test_a_backend_terminated_while_rows_stream_is_built_again_from_the_start_on_a_fresh_connection(
+        db_url, conn, admin, seed, tmp_path):
+    tenant = seed.tenant()
+    # About 48 MB in long rows: more than the socket buffers hold, so the COPY is still sending.
+    admin.execute("INSERT INTO contacts (tenant_id, email, full_name, company, phone, consent)"
+                  " SELECT %s, 'bulk' || i || '@example.com', repeat(md5(i::text), 256), 'Company', NULL, true"
+                  " FROM generate_series(1, 6000) i", (tenant,))
+    terminated = []
+
+    def terminate_once(stop):
+        if terminated:
+            return
+        backend = admin.execute("SELECT pid, state FROM pg_stat_activity WHERE datname = current_database()"
+                                " AND application_name = 'exports-builder'").fetchone()
+        assert backend["state"] == "active"
+        assert admin.execute("SELECT pg_terminate_backend(%s) AS t", (backend["pid"],)).fetchone()["t"]
+        terminated.append(backend["pid"])
+
+    retries_before = metrics.worker().build_retries._value.get()
+    built = ContactsBuilder(db_url, tmp_path, checkpoint=terminate_once).build(
+        job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant, scope=Scope.CONSENTING_CONTACTS,
+        stop=StopSignal())
+
+    assert len(terminated) == 1 and metrics.worker().build_retries._value.get() - retries_before == 1
+    data = built.path.read_bytes()
+    assert data == _row_by_row(conn, tenant) and (built.size, built.rows) == (len(data), 6000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [built.path.name]
 
 
 def test_a_stop_while_the_query_waits_on_the_database_cancels_it_and_removes_the_partial_file(
@@ -102,6 +152,13 @@ def test_a_build_whose_stop_is_already_set_does_not_query_at_all(db_url, tenants
                       scope=Scope.CONSENTING_CONTACTS, stop=stop)
 
     assert stopped.value.reason is StopReason.LEASE_LOST and connects == []
+
+
+def _row_by_row(conn, tenant_id) -> bytes:
+    """The builder's statement read as psycopg hands COPY out, one row per read: what the builder wrote
+    before it read blocks."""
+    with connector.copy(conn, "worker_copy_consenting_contacts", dict(tenant_id=tenant_id)) as copied:
+        return b"".join(bytes(row) for row in copied)
 
 
 def _builder_backend(admin) -> int:
