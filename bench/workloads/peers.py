@@ -9,8 +9,9 @@ defaults. Ours, with ``app.store`` functions directly and no broker:
 - protocol: ``export.create`` per job; the relay's ``claim_batch`` + ``mark_published`` in batches
   of 200; per job ``export.claim``, a no-op build, ``export.authorize_delivery``, a no-op delivery,
   ``export.finish_delivery`` Completed;
-- as the runner does it: the same, plus its reads (``read_job``, the policy's ``read_destination``)
-  and one ``append_evidence`` per job.
+- as the runner does it: the same, plus its one read before the claim (``read_job``, which brings the
+  destination, its circuit and a replacement's original), the baseline carried by cutoff 2 and the
+  receipt and outcome by the terminal write.
 
 Ours writes more per job than either peer: an attempt event per transition, the lease, the outbox
 row and the deliveries row.
@@ -26,7 +27,7 @@ import uuid
 
 import psycopg
 
-from app.store import directory, export
+from app.store import export
 from app.store import relay as relay_store
 from app.store.database import Database, connect
 from app.store.types import ExpectedFile, Role, Status
@@ -132,19 +133,16 @@ def ours(url: str, jobs: int, tenant: uuid.UUID, destination: uuid.UUID, *, runn
             if runner_path:
                 with db.connection() as c:
                     job = read_job(c, job_id)
-                    assert job is not None and job.status is Status.QUEUED
-                    directory.read_destination(c, tenant_id=job.tenant_id, destination_id=job.destination_id)
+                    assert job is not None and job.status is Status.QUEUED and job.destination is not None
             attempt = uuid.uuid4()
             export.claim(db, job_id=job_id, checked_version=1, attempt_id=attempt, worker_id="bench",
                          lease_seconds=60)
+            carried = ['{"stage":"baseline"}'] if runner_path else []
             export.authorize_delivery(db, job_id=job_id, tenant_id=tenant, attempt_id=attempt, expected=EMPTY,
-                                      replaces_job_id=None)
-            if runner_path:
-                with db.connection() as c:
-                    export.append_evidence(c, job_id=job_id, attempt_id=attempt, observed_by="bench",
-                                           detail='{"stage":"outcome"}')
+                                      replaces_job_id=None, evidence=carried, observed_by="bench")
+            carried = ['{"stage":"receipt"}', '{"stage":"outcome"}'] if runner_path else []
             written = export.finish_delivery(db, job_id=job_id, attempt_id=attempt, worker_id="bench",
-                                             outcome=Status.COMPLETED)
+                                             outcome=Status.COMPLETED, evidence=carried, observed_by="bench")
             assert written.value == "Written", written
         return enqueued - started, time.perf_counter() - enqueued
 
