@@ -37,6 +37,8 @@ from app.actors.runner import ExportRunner, RunOutcome, RunResult
 from app.actors.slots import DatabaseSlots
 from app.actors.watcher import StopWatcher
 from app.config import Settings
+from app.delivery.credentials import CredentialCache
+from app.delivery.destination import Destination
 from app.delivery.sessions import SessionPool
 from app.errors import ExportsError
 from app.store.database import Database
@@ -112,10 +114,12 @@ def build_runner(settings: Settings, url: str, **overrides: object) -> tuple[Exp
     watcher = StopWatcher(url, poll_seconds=settings.stop_poll_seconds)
     leases = Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds)
     builder = ContactsBuilder(url, settings.work_dir)
+    credentials = CredentialCache()
     parts: dict[str, object] = dict(
         db=db, lease_seconds=settings.lease_seconds, policy=ExportPolicy(),
         builder=builder, leases=leases, watcher=watcher, sessions=sessions,
-        deferrals=DeferralPolicy.from_settings(settings))
+        deferrals=DeferralPolicy.from_settings(settings),
+        destination_for=lambda config: Destination(config, credentials=credentials))
     parts.update(overrides)
     runner = ExportRunner(**parts)  # type: ignore[arg-type]
 

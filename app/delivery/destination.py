@@ -31,7 +31,7 @@ from app import logs
 from app.delivery import listing
 from app.delivery.classifier import DeliveryOutcome, Failed, Stage, cause_of, classify, describe
 from app.delivery.config import DestinationConfig
-from app.delivery.credentials import Credential, resolve_credential
+from app.delivery.credentials import Credential, CredentialCache, resolve_credential
 from app.delivery.errors import CredentialError, EvidenceNotRecorded, SessionLimitReached
 from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof
 from app.delivery.session import connect
@@ -65,15 +65,19 @@ class Refused:
 class Destination:
     """A partner's SFTP destination. Thread-safe: each delivery holds a session of its own."""
 
-    def __init__(self, config: DestinationConfig, *, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: DestinationConfig, *, environ: Mapping[str, str] | None = None,
+                 credentials: CredentialCache | None = None) -> None:
         self.config = config
         self._environ = environ if environ is not None else os.environ
+        self._credentials = credentials
         self._pinned = config.pinned_key()
 
     def __repr__(self) -> str:
         return f"Destination({self.config!r})"
 
     def _credential(self) -> Credential:
+        if self._credentials is not None:
+            return self._credentials.resolve(self.config.credential_ref, self._environ)
         return resolve_credential(self.config.credential_ref, self._environ)
 
     # -- observation ----------------------------------------------------------------------------

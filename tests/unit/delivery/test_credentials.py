@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import (
     Credential,
+    CredentialCache,
     CredentialKind,
     CredentialRef,
     parse_credential_ref,
@@ -140,3 +141,44 @@ def test_the_destination_configs_repr_shows_the_references_kind_only() -> None:
     assert repr(config) == ("DestinationConfig(host='127.0.0.1', port=2222, username='p', remote_dir='/inbox', "
                             "credential=keyfile:..., capabilities=['read_back'])")
     assert config.credential == CredentialRef(CredentialKind.KEYFILE, "/etc/exports/partner_key")
+
+
+def test_the_cache_parses_a_key_file_once_while_the_file_is_unchanged(tmp_path):
+    path, _ = private_key_file(tmp_path / "id_ed25519")
+    cache = CredentialCache()
+
+    first = cache.resolve(f"keyfile:{path}", {})
+    second = cache.resolve(f"keyfile:{path}", {})
+
+    assert second is first and first.pkey is not None
+
+
+def test_a_rotated_key_file_is_read_again_at_the_next_resolution(tmp_path):
+    path, _ = private_key_file(tmp_path / "id_ed25519")
+    cache = CredentialCache()
+    before = cache.resolve("env-keyfile:KEY", {"KEY": str(path)})
+
+    private_key_file(tmp_path / "rotated")
+    (tmp_path / "rotated").replace(path)   # a new file under the same name, as a rotation leaves it
+    after = cache.resolve("env-keyfile:KEY", {"KEY": str(path)})
+
+    assert after is not before and after.pkey.get_base64() != before.pkey.get_base64()
+
+
+def test_a_cached_key_whose_file_is_gone_is_refused_naming_only_the_reference(tmp_path):
+    path, body = private_key_file(tmp_path / "id_ed25519")
+    cache = CredentialCache()
+    cache.resolve(f"keyfile:{path}", {})
+    path.unlink()
+
+    with pytest.raises(CredentialError) as refused:
+        cache.resolve(f"keyfile:{path}", {})
+
+    assert str(path) in str(refused.value) and not any(line in str(refused.value) for line in body)
+
+
+def test_the_cache_reads_a_password_from_the_environment_every_time():
+    cache = CredentialCache()
+
+    assert cache.resolve("env:PW", {"PW": "one-password"}).password == "one-password"
+    assert cache.resolve("env:PW", {"PW": "another-password"}).password == "another-password"
