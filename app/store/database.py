@@ -3,6 +3,9 @@ exactly the grants of its role and a missing or excess grant fails a test rather
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +19,11 @@ from app.store.types import Role
 
 #: Seconds to wait for a connection before treating the database as unreachable.
 CONNECT_TIMEOUT_SECONDS = 5
+#: Seconds a pooled connection may have been idle and still be handed out without a round trip to check
+#: it. A server restart takes longer than this (shutdown, then recovery at start-up), so a connection
+#: the restart killed has been idle longer and is checked; a busy worker's checkouts, several per
+#: export, skip the check (a round trip and a transaction each).
+CHECK_AFTER_IDLE_SECONDS = 1.0
 
 
 def connect(url: str, role: Role, *, autocommit: bool = True,
@@ -43,13 +51,33 @@ def _set_role(conn: psycopg.Connection[Any], role: Role) -> None:
         conn.commit()   # SET ROLE outlives the transaction only once committed
 
 
+class _IdleChecks:
+    """psycopg_pool's ``check`` for connections idle longer than ``CHECK_AFTER_IDLE_SECONDS``, and the
+    ``reset`` that records when each went back to the pool."""
+
+    def __init__(self) -> None:
+        self._returned: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def check(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            returned = self._returned.pop(conn, None)
+        if returned is None or time.monotonic() - returned >= CHECK_AFTER_IDLE_SECONDS:
+            ConnectionPool.check_connection(conn)
+
+    def returned(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            self._returned[conn] = time.monotonic()
+
+
 class Database:
-    """A small pool of connections under one role. Dead connections are checked out of the pool before
-    use (``check``), because after a server restart psycopg_pool would otherwise hand them out."""
+    """A small pool of connections under one role. Connections idle for a while are checked before use
+    (``check``), because after a server restart psycopg_pool would otherwise hand out dead ones."""
 
     def __init__(self, url: str, role: Role, *, min_size: int = 1, max_size: int = 4, name: str = "exports"):
         self.url = url
         self.role = role
+        checks = _IdleChecks()
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
@@ -61,7 +89,8 @@ class Database:
                 "application_name": name,
             },
             configure=lambda conn: _set_role(conn, role),
-            check=ConnectionPool.check_connection,
+            check=checks.check,
+            reset=checks.returned,
             open=True,
             name=f"{name}-{role.value}",
         )
