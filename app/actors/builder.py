@@ -177,8 +177,9 @@ class ContactsBuilder:
                         for block in blocks:
                             size, lines = self._flush(block, out, digest, size, lines, stop)
                     self._check(stop)
-                    out.flush()
-                    os.fsync(out.fileno())
+                    # No fsync: the file lives only as long as this attempt, which reads it back from the
+                    # page cache; a crash that could lose unsynced pages ends the attempt with it, and
+                    # the scavenger removes what is left. A disk barrier per export bought nothing.
             finally:
                 unregister()
         # The header is one line; a quoted field may hold a newline, so this counts lines, not rows,
