@@ -12,12 +12,21 @@ set no password: the DBA gives each login the authentication its ``pg_hba.conf``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
+from psycopg import errors as pg
 from psycopg import sql
 
 from app.store.types import Role
+
+T = TypeVar("T")
+
+#: The catalog's unique indexes that two sessions creating the same role, or granting the same
+#: membership, at once collide on.
+_ROLE_INDEXES = ("pg_authid_rolname_index", "pg_auth_members_role_member_index")
 
 #: The default names of the two logins.
 APP_LOGIN = "exports_app_login"
@@ -52,6 +61,23 @@ def script(conn: psycopg.Connection, logins: Logins = Logins()) -> str:
 
 
 def apply(admin_url: str, logins: Logins = Logins()) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn, conn.transaction():
-        for statement in statements(logins):
-            conn.execute(statement)
+    def run() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as conn, conn.transaction():
+            for statement in statements(logins):
+                conn.execute(statement)
+
+    once_more_after_role_race(run)
+
+
+def once_more_after_role_race(run: Callable[[], T]) -> T:
+    """Runs a transaction that creates roles or memberships if missing, a second time when it lost a
+    race to another doing the same. Roles belong to the cluster, so two databases of one cluster
+    migrated at once (or two ``--apply`` runs) can both find a role missing; the later CREATE ROLE
+    then waits for the earlier to commit and fails on the catalog's unique index. Its transaction
+    rolled back, having changed nothing, and its second run finds the role."""
+    try:
+        return run()
+    except pg.UniqueViolation as exc:
+        if exc.diag.constraint_name not in _ROLE_INDEXES:
+            raise
+        return run()

@@ -23,6 +23,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from app.errors import ExportsError
+from app.store import logins
 
 #: Any constant shared by all migrators; two concurrent runs serialize on it.
 _LOCK_KEY = 0x6578706F  # "expo"
@@ -69,7 +70,12 @@ def schema() -> Step:
 
 def migrate(url: str) -> bool:
     """Applies what the database lacks; True when something was applied, False when it was up to date.
-    Raises SchemaTooNew, changing nothing, for a database at a version newer than this release's."""
+    Raises SchemaTooNew, changing nothing, for a database at a version newer than this release's.
+    The roles are the cluster's, the lock only this database's: see ``logins.once_more_after_role_race``."""
+    return logins.once_more_after_role_race(lambda: _migrate(url))
+
+
+def _migrate(url: str) -> bool:
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))

@@ -3,13 +3,18 @@ the reconciler's can."""
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from app.store import export, logins
 from app.store.database import connect
 from app.store.types import Role, Status
+from exports_devtools.waiting import wait_until
+from tests.support import Background, wait_until_blocked
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +75,31 @@ def test_the_script_is_idempotent_and_names_each_membership(login_names, pg_serv
 
     assert 'GRANT "exports_app", "exports_dispatcher" TO "exports_app_login"' in text
     assert 'GRANT "exports_reconciler" TO "exports_reconciler_login"' in text
+
+
+def test_a_role_created_by_another_session_meanwhile_is_found_when_the_transaction_runs_again(pg_server_url, admin):
+    # Two databases of one cluster migrated at once: each migrator's advisory lock is its database's own.
+    name = f"exports_race_{uuid.uuid4().hex[:8]}"
+    create = sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN "
+                     "CREATE ROLE {role} NOLOGIN; END IF; END $$").format(name=sql.Literal(name),
+                                                                       role=sql.Identifier(name))
+    backends: list[int] = []
+
+    def run() -> None:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn, conn.transaction():
+            backends.append(conn.info.backend_pid)
+            conn.execute(create)
+
+    try:
+        with psycopg.connect(pg_server_url) as earlier:
+            earlier.execute(create)   # uncommitted: the later CREATE ROLE waits on its index entry
+            later = Background(lambda: logins.once_more_after_role_race(run))
+            wait_until(lambda: backends, "the later transaction to start")
+            wait_until_blocked(admin, backends[0], by=earlier)
+            earlier.commit()
+        later.result()
+
+        assert len(backends) == 2   # the first run lost the race, the second found the role
+        assert admin.execute("SELECT count(*) AS n FROM pg_roles WHERE rolname = %s", (name,)).fetchone()["n"] == 1
+    finally:
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
