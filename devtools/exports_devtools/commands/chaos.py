@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 
 from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, CliError, Context, Exit, command, printable
-from exports_devtools.chaos import run as soak
-from exports_devtools.chaos.faults import KINDS
+
+# The soak and its faults are imported by the command, not by its registration: every ``exports``
+# command registers the plugins, and importing the soak there would import dramatiq into a worker
+# before ``exports worker`` sets the idle poll dramatiq reads on import.
 
 
 def _positive(kind: str, maximum: float):
@@ -71,6 +73,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def chaos(ctx: Context, args: argparse.Namespace) -> int:
+    from exports_devtools.chaos import run as soak
+    from exports_devtools.chaos.faults import KINDS
+
     if args.faults.strip() == "list":
         print("\n".join(KINDS))
         return EXIT_OK

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 
 from app.cli.common import EXIT_FAILURE, EXIT_REFUSED, Context, Exit, command
-from exports_devtools import demo as demo_module
+
+# The demo is imported by the command, not by its registration (see commands/chaos.py).
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -23,6 +24,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def demo(ctx: Context, args: argparse.Namespace) -> int:
+    from exports_devtools import demo as demo_module
+
     if args.stop:
         return demo_module.stop_kept(ctx)
     return demo_module.run(ctx, keep=args.keep)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -189,3 +191,12 @@ def test_chaos_names_its_fault_kinds_and_refuses_an_unknown_one_before_starting_
 def test_chaos_refuses_a_malformed_number_with_exit_2(capsys, flag, value):
     code, _, err = _run(capsys, "chaos", flag, value)
     assert code == 2 and flag in err
+
+
+def test_building_the_command_line_with_its_plugins_imports_no_dramatiq():
+    # `exports worker` sets the idle poll dramatiq reads when it is imported; a command module or plugin
+    # that imported it at registration would leave every worker on dramatiq's one-second default.
+    code = ("import sys; from app.cli.main import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dramatiq'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
