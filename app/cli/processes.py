@@ -95,6 +95,9 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
     starts a service of its own."""
     ctx.settings.require_broker()
     logs.configure(ctx.settings.log_format, level=_level(ctx))
+    # Held until dramatiq has its handlers (its main unblocks them then), so a stop signal that arrives
+    # from here on, however early, is a graceful stop rather than the default action's death by signal.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     # Read by dramatiq.worker when it is imported, which the import below does first.
     os.environ["dramatiq_worker_timeout"] = str(ctx.settings.worker_idle_poll_ms)
     import dramatiq.cli

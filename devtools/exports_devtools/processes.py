@@ -20,6 +20,11 @@ EXPORTS = (sys.executable, "-m", "app.cli")
 STOP_TIMEOUT = 20.0
 #: Bytes of a log shown when a process misbehaves.
 LOG_TAIL = 4000
+#: Seconds a process gets to say it started before it is asked to stop anyway.
+START_TIMEOUT = 60.0
+#: The log event after which each command stops gracefully on its signal; before it, a signal's default
+#: action may still end the process, which says nothing about its shutdown.
+STARTED = {"relay": "relay.started", "scheduler": "scheduler.started", "worker": "worker.starting"}
 
 
 def clean_environ(**overrides: str) -> dict[str, str]:
@@ -120,6 +125,8 @@ class Running:
     process: subprocess.Popen
     log_path: Path
     stop_signal: int = signal.SIGTERM
+    #: The log text that says it handles its stop signal (``STARTED``), None for a command that says nothing.
+    started_line: str | None = None
     #: Set by ``ProcessGroup.stop_all``: whether it was still running when asked, and whether it was killed.
     asked: bool = False
     killed: bool = False
@@ -134,6 +141,9 @@ class Running:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def started_or_exited(self) -> bool:
+        return self.process.poll() is not None or self.started_line is None or self.started_line in self.log()
 
     def problem(self) -> str | None:
         """What went wrong when it was stopped: killed, or a failing exit code when asked to stop (a
@@ -161,7 +171,7 @@ class ProcessGroup:
         with open(log_path, "ab") as log:
             process = subprocess.Popen([*self.command, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
-        started = Running(name, process, log_path, stop_signal)
+        started = Running(name, process, log_path, stop_signal, STARTED.get(args[0]) if args else None)
         self.running.append(started)
         return started
 
@@ -170,8 +180,15 @@ class ProcessGroup:
 
     def stop_all(self, timeout: float = STOP_TIMEOUT) -> list[Running]:
         """Signals every process at once, then waits for all within one bound, killing any that
-        outlives it; returns them all (``problem()`` says which stop went wrong) and forgets them."""
+        outlives it; returns them all (``problem()`` says which stop went wrong) and forgets them. A process
+        still starting is first given START_TIMEOUT to say it started: a test that ends quickly must not
+        signal a worker still importing, whose death by the signal would pass for a failed shutdown."""
         stopped, self.running = self.running, []
+        try:
+            wait_until(lambda: all(r.started_or_exited() for r in stopped), "the processes to finish starting",
+                       START_TIMEOUT)
+        except TimedOut:
+            pass   # signalled all the same; one that dies of it is reported below
         for running in stopped:
             running.asked = running.process.poll() is None
             if running.asked:
