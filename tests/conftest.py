@@ -14,9 +14,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from app.store.database import Database, connect
-from app.store.migrate import migrate
-from app.store.types import Role
+# Before anything imports them, so their asserts are rewritten like a test module's.
+pytest.register_assert_rewrite("tests.support", "tests.fixtures")
+
+from app.store.database import Database, connect  # noqa: E402
+from app.store.migrate import migrate  # noqa: E402
+from app.store.types import Role  # noqa: E402
+from tests.support import CHAOS_REDIS_DB  # noqa: E402
 
 # Every module in tests/fixtures/ is a fixture plugin (SFTP servers, the database proxy, processes...),
 # and so is tests/support.py (``threads``).
@@ -26,6 +30,40 @@ pytest_plugins = sorted(
 ) + ["tests.support"]
 
 IN_CI = os.environ.get("CI") == "true"
+
+#: Tests that share something of the machine that no worker can have a copy of: RabbitMQ's default vhost
+#: (its queues are named as the product names them), the separate-hosts test's fixed mount point, and the
+#: chaos system's Redis database number on a configured server. ``--dist loadgroup`` runs each group on
+#: one xdist worker, so they take turns instead of colliding.
+_SHARED_BY_MODULE = {"test_separate_hosts": "separate-hosts", "test_chaos_faults": "chaos-redis-db",
+                     "test_rabbitmq_long_export": "rabbitmq"}
+_SHARED_BY_FIXTURE = {"amqp_url": "rabbitmq", "rabbitmq_system": "rabbitmq"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker takes a Redis database number of its own on the configured
+    server (gw0 the configured one, gw1 the one below...), so one worker's flush or queue never
+    reaches another's; databases, embedded servers and ports are per test already."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    url = os.environ.get("EXPORTS_TEST_BROKER_URL")
+    if not (worker.startswith("gw") and url):
+        return
+    base, _, query = url.partition("?")
+    scheme, _, rest = base.partition("://")
+    host, _, db = rest.partition("/")
+    number = int(db or 0) - int(worker[2:])
+    if number < 0 or number == CHAOS_REDIS_DB:
+        raise pytest.UsageError(f"EXPORTS_TEST_BROKER_URL's database {db or 0} leaves no free database for {worker}")
+    os.environ["EXPORTS_TEST_BROKER_URL"] = f"{scheme}://{host}/{number}" + (f"?{query}" if query else "")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        groups = {_SHARED_BY_MODULE[module]} if module in _SHARED_BY_MODULE else set()
+        groups |= {group for name, group in _SHARED_BY_FIXTURE.items() if name in getattr(item, "fixturenames", ())}
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(sorted(groups)[0]))
 
 
 def _with_db(url: str, dbname: str) -> str:
@@ -39,6 +77,7 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if url:
         yield url
         return
+    import fcntl
     import shutil
     import tempfile
 
@@ -47,7 +86,12 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # Not under pytest's basetemp: pytest prunes old basetemp folders, and a concurrent run pruning
     # ours would pull the data directory from under a live server.
     pgdata = Path(tempfile.mkdtemp(prefix="exports-test-pg-"))
-    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    # Each xdist worker starts a server of its own, one at a time: run as root, pgserver creates the
+    # system user its servers run as, and two first starts racing on that user left one initdb unable
+    # to enter its data directory. A start takes about a second.
+    with open(Path(tempfile.gettempdir()) / "exports-test-pg.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")
     try:
         yield server.get_uri()
     finally:

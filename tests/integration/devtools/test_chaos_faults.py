@@ -24,9 +24,8 @@ from exports_devtools.chaos.faults import KINDS
 from exports_devtools.chaos.system import ChaosSystem, url_with_db
 from exports_devtools.store import owner as store
 from exports_devtools.waiting import wait_until
+from tests.support import CHAOS_REDIS_DB
 
-#: The Redis database number the soak's system uses on a configured server, apart from other tests'.
-CHAOS_REDIS_DB = 11
 #: Seconds an export created after a fault may take to be delivered (a restarted worker included).
 DELIVERY_TIMEOUT = 60.0
 #: Seconds between two exports of the stream that gives a fault its point.
