@@ -28,10 +28,15 @@ def _requeue(worker, job):
                                     recovery_run_id=RUN)
 
 
+#: A lease the test outlasts on purpose: long enough that a renewal due every half second still lands
+#: in time on a loaded machine, whose threads can wait seconds for a core (1.5 s was lost under load).
+OUTLASTED_LEASE = 6.0
+
+
 def test_a_build_that_outlasts_the_initial_lease_keeps_renewing_and_delivers_exactly_once(worker):
     job = worker.queued()
     gate = Gate()
-    runner = worker.runner(checkpoint=gate, lease_seconds=2, renew_seconds=0.5)
+    runner = worker.runner(checkpoint=gate, lease_seconds=OUTLASTED_LEASE, renew_seconds=0.5)
     run = Background(lambda: runner.run(job.id))
     assert gate.reached.wait(10)
     initial = worker.seed.row(job)["lease_expires_at"]
@@ -40,7 +45,7 @@ def test_a_build_that_outlasts_the_initial_lease_keeps_renewing_and_delivers_exa
     wait_until(lambda: keeper.renewals >= 2, "two renewals")
     # Past the lease the claim gave it, the attempt still holds a current one: recovery finds nothing.
     wait_until(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past", (initial,)).fetchone()["past"],
-               "the initial lease to run out", timeout=5)
+               "the initial lease to run out", timeout=OUTLASTED_LEASE + 10)
     assert worker.seed.row(job)["lease_expires_at"] > initial
     assert job.id not in [a.job_id for a in recovery.scan_expired(worker.conn)]
     gate.open()
@@ -59,7 +64,7 @@ def test_an_upload_that_outlasts_the_initial_lease_keeps_it_renewed_and_complete
     job = worker.queued()
     faults = worker.peer.server.faults
     faults.hold_on = frozenset({"write"})   # the partner takes the first write and sits on it
-    runner = worker.runner(lease_seconds=1.5, renew_seconds=0.3)
+    runner = worker.runner(lease_seconds=OUTLASTED_LEASE, renew_seconds=0.5)
     run = Background(lambda: runner.run(job.id))
     assert faults.held.wait(10)
     assert worker.seed.status(job) is Status.DELIVERING
@@ -69,7 +74,7 @@ def test_an_upload_that_outlasts_the_initial_lease_keeps_it_renewed_and_complete
     renewed = keeper.renewals
     wait_until(lambda: worker.admin.execute("SELECT clock_timestamp() > %s AS past",
                                             (lease_at_upload,)).fetchone()["past"],
-               "the lease held when the upload began to run out", timeout=5)
+               "the lease held when the upload began to run out", timeout=OUTLASTED_LEASE + 10)
     wait_until(lambda: keeper.renewals > renewed, "a renewal during the upload")
     assert worker.seed.row(job)["lease_expires_at"] > lease_at_upload
     assert job.id not in [a.job_id for a in recovery.scan_expired(worker.conn)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import re
 import textwrap
@@ -69,6 +70,24 @@ def _source(func: Callable) -> ast.AST:
     return ast.parse(textwrap.dedent(inspect.getsource(func)))
 
 
+def _scope(func: Callable) -> dict:
+    """The names ``func`` sees: its module's, and those its body imports (a command that imports its
+    implementation only when run, so registering it stays cheap)."""
+    scope = dict(func.__globals__)
+    for node in ast.walk(_source(func)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                found = getattr(module, alias.name, None)
+                scope[alias.asname or alias.name] = found if found is not None else \
+                    importlib.import_module(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                scope[alias.asname or alias.name.partition(".")[0]] = importlib.import_module(
+                    alias.name if alias.asname else alias.name.partition(".")[0])
+    return scope
+
+
 def _resolve(node: ast.expr, scope: dict) -> object:
     if isinstance(node, ast.Name):
         return scope.get(node.id)
@@ -92,7 +111,7 @@ def _error_codes(call: ast.Call, scope: dict) -> set[int]:
         return {code}
     if _ours(callee):
         return {code for node in ast.walk(_source(callee)) if isinstance(node, ast.Return)
-                and isinstance(node.value, ast.Call) for code in _error_codes(node.value, callee.__globals__)}
+                and isinstance(node.value, ast.Call) for code in _error_codes(node.value, _scope(callee))}
     return set()
 
 
@@ -102,10 +121,11 @@ def _raised(func: Callable, seen: set) -> set[int]:
         return set()
     seen.add(func)
     codes: set[int] = set()
+    scope = _scope(func)
     for node in ast.walk(_source(func)):
         if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-            codes |= _error_codes(node.exc, func.__globals__)
-        if isinstance(node, ast.Call) and _ours(callee := _resolve(node.func, func.__globals__)):
+            codes |= _error_codes(node.exc, scope)
+        if isinstance(node, ast.Call) and _ours(callee := _resolve(node.func, scope)):
             codes |= _raised(callee, seen)
     return codes
 
@@ -113,13 +133,14 @@ def _raised(func: Callable, seen: set) -> set[int]:
 def _returned(func: Callable) -> set[int]:
     """The EXIT_* codes ``func`` returns, and those of the functions of ours whose result it returns."""
     codes: set[int] = set()
+    scope = _scope(func)
     for node in ast.walk(_source(func)):
         if not isinstance(node, ast.Return) or node.value is None:
             continue
         for name in ast.walk(node.value):
             if isinstance(name, ast.Name) and name.id.startswith("EXIT_"):
-                codes.add(_resolve(name, func.__globals__))
-        if isinstance(node.value, ast.Call) and _ours(callee := _resolve(node.value.func, func.__globals__)):
+                codes.add(_resolve(name, scope))
+        if isinstance(node.value, ast.Call) and _ours(callee := _resolve(node.value.func, scope)):
             codes |= _returned(callee)
     return codes
 
