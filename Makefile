@@ -22,11 +22,11 @@ demo: setup
 	$(VENV)/bin/exports demo
 
 # Across the cores, and beyond them: most tests wait on servers and subprocesses. Each pytest-xdist worker
-# has its own PostgreSQL (or Redis database number); tests sharing something of the machine run on one
-# worker (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process.
+# has its own PostgreSQL, or Redis database numbers of its own on a configured server (tests/conftest.py).
+# TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 4
 test: setup
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The linter, the layer contract (pyproject.toml's [tool.importlinter]) and the type checker, as CI runs them.
 lint: setup

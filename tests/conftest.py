@@ -20,7 +20,6 @@ pytest.register_assert_rewrite("tests.support", "tests.fixtures")
 from app.store.database import Database, connect  # noqa: E402
 from app.store.migrate import migrate  # noqa: E402
 from app.store.types import Role  # noqa: E402
-from tests.support import CHAOS_REDIS_DB  # noqa: E402
 
 # Every module in tests/fixtures/ is a fixture plugin (SFTP servers, the database proxy, processes...),
 # and so is tests/support.py (``threads``).
@@ -31,39 +30,39 @@ pytest_plugins = sorted(
 
 IN_CI = os.environ.get("CI") == "true"
 
-#: Tests that share something of the machine that no worker can have a copy of: RabbitMQ's default vhost
-#: (its queues are named as the product names them), the separate-hosts test's fixed mount point, and the
-#: chaos system's Redis database number on a configured server. ``--dist loadgroup`` runs each group on
-#: one xdist worker, so they take turns instead of colliding.
-_SHARED_BY_MODULE = {"test_separate_hosts": "separate-hosts", "test_chaos_faults": "chaos-redis-db",
-                     "test_rabbitmq_long_export": "rabbitmq"}
-_SHARED_BY_FIXTURE = {"amqp_url": "rabbitmq", "rabbitmq_system": "rabbitmq"}
+#: Connections one xdist worker's tests may hold at once on a configured server: a system test's relay,
+#: two workers (pools, session slots, stop watcher, leases, builds) and scheduler, plus the test's own.
+CONNECTIONS_PER_WORKER = 80
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist each worker takes a Redis database number of its own on the configured
-    server (gw0 the configured one, gw1 the one below...), so one worker's flush or queue never
-    reaches another's; databases, embedded servers and ports are per test already."""
+    """Under pytest-xdist each worker takes two Redis database numbers of its own on the configured
+    server (gw0 the configured one and the one below it for the chaos system, gw1 the two below
+    those...), so one worker's flush or queue never reaches another's; databases, embedded servers and
+    ports are per test already, and the one test on RabbitMQ's shared vhost has it alone. A configured
+    PostgreSQL must take every worker's connections at once: the run stops at once, saying so, when
+    its max_connections is too low, rather than fail tests at random with "too many clients"."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    database = os.environ.get("EXPORTS_TEST_DATABASE_URL")
+    if database and not worker:
+        workers = getattr(config.option, "numprocesses", None) or 1
+        with psycopg.connect(database, connect_timeout=10) as conn:
+            limit = int(conn.execute("SHOW max_connections").fetchone()[0])
+        if limit < CONNECTIONS_PER_WORKER * workers:
+            raise pytest.UsageError(
+                f"EXPORTS_TEST_DATABASE_URL's server allows {limit} connections; {workers} test worker(s) need "
+                f"{CONNECTIONS_PER_WORKER * workers}: ALTER SYSTEM SET max_connections = "
+                f"{CONNECTIONS_PER_WORKER * workers} and restart it, or run fewer workers (make test TEST_WORKERS=N)")
     url = os.environ.get("EXPORTS_TEST_BROKER_URL")
     if not (worker.startswith("gw") and url):
         return
     base, _, query = url.partition("?")
     scheme, _, rest = base.partition("://")
     host, _, db = rest.partition("/")
-    number = int(db or 0) - int(worker[2:])
-    if number < 0 or number == CHAOS_REDIS_DB:
+    number = int(db or 0) - 2 * int(worker[2:])
+    if number < 1:
         raise pytest.UsageError(f"EXPORTS_TEST_BROKER_URL's database {db or 0} leaves no free database for {worker}")
     os.environ["EXPORTS_TEST_BROKER_URL"] = f"{scheme}://{host}/{number}" + (f"?{query}" if query else "")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
-        groups = {_SHARED_BY_MODULE[module]} if module in _SHARED_BY_MODULE else set()
-        groups |= {group for name, group in _SHARED_BY_FIXTURE.items() if name in getattr(item, "fixturenames", ())}
-        if groups:
-            item.add_marker(pytest.mark.xdist_group(sorted(groups)[0]))
 
 
 def _with_db(url: str, dbname: str) -> str:

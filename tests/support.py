@@ -24,9 +24,6 @@ WAIT_SECONDS = 10.0
 
 
 IN_CI = os.environ.get("CI") == "true"
-#: The Redis database number the chaos system uses on a configured server, apart from the other tests'
-#: (which take 15 and, under pytest-xdist, the numbers below it, one per worker).
-CHAOS_REDIS_DB = 11
 
 
 def unavailable(message: str) -> NoReturn:

@@ -20,45 +20,8 @@ import psycopg
 
 from exports_devtools.processes import Running
 from exports_devtools.waiting import wait_until
-from tests.fixtures.processes import System, stop_all
-
-TENANT = "Initech"
-OPERATOR = "alice"
-#: Seconds a step may take, process start-up and one lease expiry included.
-DEADLINE = 90.0
-
-
-def _status(admin, job_id: str) -> str:
-    return admin.execute("SELECT status FROM export_jobs WHERE id = %s", (job_id,)).fetchone()["status"]
-
-
-def _wait_status(system: System, admin, job_id: str, status: str) -> None:
-    wait_until(lambda: _status(admin, job_id) == status, f"export {job_id} to be {status}", DEADLINE,
-               diagnostics=lambda: f"status {_status(admin, job_id)}\n{system.group.logs()}")
-
-
-def _set_up(system: System, peer) -> None:
-    """A tenant, its operator, contacts and a destination on the partner."""
-    system.cli("tenant", "add", TENANT)
-    system.cli("operator", "grant", "--operator", OPERATOR, "--tenant", TENANT)
-    system.cli("contacts", "generate", "--tenant", TENANT, "--count", "200", "--seed", "1")
-    port = peer.config.port
-    key = peer.config.host_key.split(None, 1)[1]
-    system.cli("destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
-               str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
-               "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}")
-
-
-def _create(system: System) -> str:
-    created = system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json")
-    return created.json["job_id"]
-
-
-def _builder_blocked_by(admin, holder: psycopg.Connection) -> bool:
-    return admin.execute(
-        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = 'exports-builder' AND %s = ANY(pg_blocking_pids(pid))",
-        (holder.info.backend_pid,)).fetchone()["n"] == 1
+from tests.acceptance.steps import DEADLINE, builder_blocked_by, create, set_up, wait_status
+from tests.fixtures.processes import stop_all
 
 
 def _json_lines(process: Running) -> list[dict[str, Any]]:
@@ -79,20 +42,20 @@ def test_one_export_is_followed_by_its_job_id_through_the_json_logs_of_the_relay
     # DEBUG for the relay's line per published message (at INFO it writes only a count per batch).
     system.group.env.update(EXPORTS_LOG_FORMAT="json", EXPORTS_DEBUG="1")
     system.start_all()
-    _set_up(system, embedded_sftp)
+    set_up(system, embedded_sftp)
     holder = psycopg.connect(db_url, autocommit=False)
     holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")   # the first build waits behind it
     try:
-        job_id = _create(system)
-        _wait_status(system, admin, job_id, "Running")
-        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        job_id = create(system)
+        wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
         pid = int(admin.execute("SELECT claimed_by FROM export_jobs WHERE id = %s",
                                 (job_id,)).fetchone()["claimed_by"].split(":")[1])
         os.kill(pid, signal.SIGKILL)
     finally:
         holder.rollback()
         holder.close()
-    _wait_status(system, admin, job_id, "Completed")
+    wait_status(system, admin, job_id, "Completed")
     processes = list(system.group.running)
     stop_all(system.group)   # every line written and flushed before any is read
 

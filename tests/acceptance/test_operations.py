@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from exports_devtools.waiting import wait_until
-from tests.acceptance.test_system import DEADLINE, _create, _set_up, _wait_status
+from tests.acceptance.steps import DEADLINE, create, set_up, wait_status
 from tests.fixtures.sftp import free_port
 
 
@@ -40,12 +40,12 @@ def ports(system) -> dict[str, int]:
 
 def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the_job(
         system, embedded_sftp, admin, ports):
-    _set_up(system, embedded_sftp)
+    set_up(system, embedded_sftp)
     system.start_relay()
     system.start_worker()
     system.start_scheduler()
-    job_id = _create(system)
-    _wait_status(system, admin, job_id, "Completed")
+    job_id = create(system)
+    wait_status(system, admin, job_id, "Completed")
 
     relay, worker = _scrape(ports["relay"]), _scrape(ports["worker"])
     assert _sample(relay, "exports_relay_published_total") >= 1
@@ -76,7 +76,7 @@ def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the
 
 
 def test_health_fails_naming_the_missing_role_when_no_worker_runs(system, embedded_sftp, ports):
-    _set_up(system, embedded_sftp)
+    set_up(system, embedded_sftp)
     system.start_relay()
     wait_until(lambda: any(p["role"] == "relay" and p["state"] == "alive"
                            for p in system.cli("processes", "--json").json), "the relay's first heartbeat", DEADLINE)

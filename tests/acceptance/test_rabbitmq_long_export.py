@@ -36,16 +36,16 @@ import pytest
 
 from exports_devtools.processes import clean_environ
 from exports_devtools.waiting import wait_until
-from tests.acceptance.test_system import (
+from tests.acceptance.steps import (
     DEADLINE,
-    _assert_delivered_once,
-    _builder_blocked_by,
-    _create,
-    _hold_builds,
-    _row,
-    _set_up,
-    _transitions,
-    _wait_status,
+    assert_delivered_once,
+    builder_blocked_by,
+    create,
+    hold_builds,
+    job_row,
+    set_up,
+    transitions,
+    wait_status,
 )
 from tests.fixtures.processes import QUEUE, SYSTEM_SETTINGS, ExportsCli, System
 from tests.support import unavailable
@@ -189,12 +189,12 @@ def test_an_export_that_outlasts_the_brokers_consumer_timeout_runs_once_and_the_
     system.start_relay()
     system.start_scheduler()
     worker = system.start_worker()
-    _set_up(system, embedded_sftp)
-    holder = _hold_builds(db_url)
+    set_up(system, embedded_sftp)
+    holder = hold_builds(db_url)
     try:
-        job_id = _create(system)
-        _wait_status(system, admin, job_id, "Running")
-        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        job_id = create(system)
+        wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
         # The build is held past the consumer timeout: the broker closes the worker's channel and
         # requeues the wake-up, Dramatiq reconnects, and the copy is delivered again and settled
         # (nothing ready, nothing unacknowledged) while the first delivery is still being processed.
@@ -203,15 +203,15 @@ def test_an_export_that_outlasts_the_brokers_consumer_timeout_runs_once_and_the_
         wait_until(lambda: worker.log().count("export.processed") == 1 and broker.queue_depth(QUEUE) == (0, 0),
                    "the redelivered wake-up to be settled", DEADLINE,
                    diagnostics=lambda: f"{broker.queue_depth(QUEUE)}\n{system.group.logs()}")
-        assert _row(admin, job_id)["status"] == "Running"
+        assert job_row(admin, job_id)["status"] == "Running"
     finally:
         holder.rollback()
         holder.close()
 
-    _wait_status(system, admin, job_id, "Completed")
-    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
-    assert _row(admin, job_id)["attempt_count"] == 1
-    _assert_delivered_once(admin, embedded_sftp, job_id)
+    wait_status(system, admin, job_id, "Completed")
+    assert transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+    assert job_row(admin, job_id)["attempt_count"] == 1
+    assert_delivered_once(admin, embedded_sftp, job_id)
     # One wake-up was written and published; the second run of the actor was the broker's redelivery.
     assert len(admin.execute("SELECT 1 FROM outbox WHERE job_id = %s", (job_id,)).fetchall()) == 1
     # The long attempt's ack comes after the reconnection, for a delivery the closed channel held.
@@ -221,8 +221,8 @@ def test_an_export_that_outlasts_the_brokers_consumer_timeout_runs_once_and_the_
 
     # The same worker process, still running, consumes and delivers the next export normally.
     assert worker.process.poll() is None
-    second = _create(system)
-    _wait_status(system, admin, second, "Completed")
-    assert _transitions(admin, second) == ["Claimed", "DeliveryAuthorized", "Finished"]
+    second = create(system)
+    wait_status(system, admin, second, "Completed")
+    assert transitions(admin, second) == ["Claimed", "DeliveryAuthorized", "Finished"]
     wait_until(lambda: broker.queue_depth(QUEUE) == (0, 0), "the queue to hold nothing ready or unacknowledged",
                DEADLINE, diagnostics=lambda: f"{broker.queue_depth(QUEUE)}\n{system.group.logs()}")

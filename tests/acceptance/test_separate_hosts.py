@@ -19,16 +19,16 @@ from exports_devtools.pgproxy import PgProxy
 from exports_devtools.processes import EXPORTS, ProcessGroup, clean_environ
 from exports_devtools.tcp_proxy import TcpProxy
 from exports_devtools.waiting import wait_until
-from tests.acceptance.test_system import (
+from tests.acceptance.steps import (
     DEADLINE,
-    _assert_delivered_once,
-    _builder_blocked_by,
-    _create,
-    _hold_builds,
-    _row,
-    _set_up,
-    _transitions,
-    _wait_status,
+    assert_delivered_once,
+    builder_blocked_by,
+    create,
+    hold_builds,
+    job_row,
+    set_up,
+    transitions,
+    wait_status,
 )
 from tests.fixtures.processes import SYSTEM_SETTINGS, stop_all
 from tests.support import unavailable
@@ -123,23 +123,23 @@ def hosts(hosts_supported, tcp_only, tmp_path, embedded_sftp, system):
 
 def test_workers_and_the_scheduler_on_hosts_of_their_own_deliver_recover_and_each_scavenge_their_own_files(
         hosts, system, admin, db_url, embedded_sftp):
-    _set_up(system, embedded_sftp)
+    set_up(system, embedded_sftp)
     hosts.start("relay-host", "relay")
     hosts.start("scheduler-host", "scheduler")
     hosts.start("worker-a", "worker", "--processes", "1", "--threads", "2")
 
-    first = _create(system)
-    _wait_status(system, admin, first, "Completed")
-    assert _row(admin, first)["claimed_by"].startswith("worker-a:")
-    _assert_delivered_once(admin, embedded_sftp, first)
+    first = create(system)
+    wait_status(system, admin, first, "Completed")
+    assert job_row(admin, first)["claimed_by"].startswith("worker-a:")
+    assert_delivered_once(admin, embedded_sftp, first)
 
     # worker-a dies mid-build: its file stays in its own work directory, which no other host sees.
-    holder = _hold_builds(db_url)
+    holder = hold_builds(db_url)
     try:
-        second = _create(system)
-        _wait_status(system, admin, second, "Running")
-        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
-        dead_attempt = _row(admin, second)["attempt_id"]
+        second = create(system)
+        wait_status(system, admin, second, "Running")
+        wait_until(lambda: builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        dead_attempt = job_row(admin, second)["attempt_id"]
         leftover = [p.name for p in hosts.work_dir("worker-a").iterdir()]
         assert leftover == [f"{second}.{dead_attempt}.csv.part"]
         group = hosts.groups["worker-a"]
@@ -152,10 +152,10 @@ def test_workers_and_the_scheduler_on_hosts_of_their_own_deliver_recover_and_eac
 
     # The scheduler host takes the attempt over; a worker on another host delivers it, once.
     hosts.start("worker-b", "worker", "--processes", "1", "--threads", "2")
-    _wait_status(system, admin, second, "Completed")
-    assert _transitions(admin, second) == ["Claimed", "RequeuedByRecovery", "Claimed", "DeliveryAuthorized",
+    wait_status(system, admin, second, "Completed")
+    assert transitions(admin, second) == ["Claimed", "RequeuedByRecovery", "Claimed", "DeliveryAuthorized",
                                            "Finished"]
-    assert _row(admin, second)["claimed_by"].startswith("worker-b:")
+    assert job_row(admin, second)["claimed_by"].startswith("worker-b:")
     assert (hosts.work_dir("worker-a") / leftover[0]).exists()   # worker-b's scavenger cannot see it
 
     # worker-a comes back: its own scavenger removes the file of the attempt that ended.

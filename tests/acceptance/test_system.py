@@ -14,104 +14,49 @@ import os
 import signal
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from app.store.export import final_name
 from exports_devtools.waiting import wait_until
-from tests.fixtures.processes import System
-
-TENANT = "Initech"
-OPERATOR = "alice"
-#: Seconds a scene may take, process start-up included.
-DEADLINE = 90.0
-
-
-def _status(admin, job_id: str) -> str:
-    return admin.execute("SELECT status FROM export_jobs WHERE id = %s", (job_id,)).fetchone()["status"]
-
-
-def _row(admin, job_id: str) -> dict:
-    return admin.execute("SELECT * FROM export_jobs WHERE id = %s", (job_id,)).fetchone()
-
-
-def _transitions(admin, job_id: str) -> list[str]:
-    return [r["kind"] for r in admin.execute(
-        "SELECT kind FROM export_attempt_events WHERE job_id = %s AND kind <> 'DeliveryEvidence' ORDER BY id",
-        (job_id,))]
-
-
-def _wait_status(system: System, admin, job_id: str, status: str) -> None:
-    wait_until(lambda: _status(admin, job_id) == status, f"export {job_id} to be {status}", DEADLINE,
-               diagnostics=lambda: f"status {_status(admin, job_id)}\n{system.group.logs()}")
-
-
-def _set_up(system: System, peer, *, via_port: int | None = None) -> None:
-    """A tenant, its operator, contacts, and a destination on the partner (through ``via_port`` when given)."""
-    system.cli("tenant", "add", TENANT)
-    system.cli("operator", "grant", "--operator", OPERATOR, "--tenant", TENANT)
-    system.cli("contacts", "generate", "--tenant", TENANT, "--count", "500", "--seed", "1")
-    port = via_port or peer.config.port
-    key = peer.config.host_key.split(None, 1)[1]
-    system.cli("destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
-               str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
-               "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}")
-
-
-def _create(system: System) -> str:
-    created = system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json")
-    return created.json["job_id"]
-
-
-def _cancel(system: System, job_id: str) -> dict:
-    return system.cli("cancel", job_id, "--tenant", TENANT, "--by", OPERATOR, "--json").json
-
-
-def _assert_delivered_once(admin, peer, job_id: str) -> None:
-    row = _row(admin, job_id)
-    files = peer.files()
-    assert list(files) == [final_name(row["delivery_key"])]
-    assert hashlib.sha256(files[final_name(row["delivery_key"])]).digest() == bytes(row["expected_file_sha256"])
-    assert _transitions(admin, job_id).count("Finished") == 1
-
-
-def _hold_builds(db_url: str) -> psycopg.Connection:
-    """A build's first read of contacts waits behind this lock until it is released."""
-    holder = psycopg.connect(db_url, autocommit=False)
-    holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
-    return holder
-
-
-def _builder_blocked_by(admin, holder: psycopg.Connection) -> bool:
-    """The build's query waits on the holder's lock, by the database's own account."""
-    return admin.execute(
-        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = 'exports-builder' AND %s = ANY(pg_blocking_pids(pid))",
-        (holder.info.backend_pid,)).fetchone()["n"] == 1
+from tests.acceptance.steps import (
+    DEADLINE,
+    OPERATOR,
+    TENANT,
+    assert_delivered_once,
+    builder_blocked_by,
+    cancel,
+    create,
+    hold_builds,
+    job_row,
+    set_up,
+    status,
+    transitions,
+    wait_status,
+)
 
 
 def test_an_export_created_with_the_command_is_delivered_as_one_file_and_completes(system, admin, embedded_sftp):
     system.start_all()
-    _set_up(system, embedded_sftp)
-    job_id = _create(system)
-    _wait_status(system, admin, job_id, "Completed")
-    _assert_delivered_once(admin, embedded_sftp, job_id)
-    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+    set_up(system, embedded_sftp)
+    job_id = create(system)
+    wait_status(system, admin, job_id, "Completed")
+    assert_delivered_once(admin, embedded_sftp, job_id)
+    assert transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
 
 
 def test_an_export_canceled_while_queued_ends_canceled_and_no_file_is_ever_written(system, admin, embedded_sftp):
     # No worker yet: the export cannot leave Queued before the cancel.
     system.start_relay()
     system.start_scheduler()
-    _set_up(system, embedded_sftp)
-    job_id = _create(system)
-    assert _cancel(system, job_id)["outcome"] == "CanceledWhileQueued"
+    set_up(system, embedded_sftp)
+    job_id = create(system)
+    assert cancel(system, job_id)["outcome"] == "CanceledWhileQueued"
     system.start_worker()
     system.start_worker()
     wait_until(lambda: f"export.processed job_id={job_id}" in system.worker_logs(),
                "a worker to receive the canceled export's wake-up", DEADLINE, diagnostics=system.group.logs)
-    assert (_status(admin, job_id), _row(admin, job_id)["attempt_count"]) == ("Canceled", 0)
-    assert _transitions(admin, job_id) == []
+    assert (status(admin, job_id), job_row(admin, job_id)["attempt_count"]) == ("Canceled", 0)
+    assert transitions(admin, job_id) == []
     assert embedded_sftp.files() == {}
 
 
@@ -120,37 +65,37 @@ def test_a_cancel_during_delivery_is_too_late_and_the_file_is_delivered(system, 
     faults.hold_on = frozenset({"write"})   # the upload's first write to its temporary file
     try:
         system.start_all()
-        _set_up(system, embedded_sftp)
-        job_id = _create(system)
+        set_up(system, embedded_sftp)
+        job_id = create(system)
         # The upload is held at the partner: the worker is past cutoff 2 and nothing has been written.
-        _wait_status(system, admin, job_id, "Delivering")
+        wait_status(system, admin, job_id, "Delivering")
         assert faults.held.wait(DEADLINE)
-        answer = _cancel(system, job_id)
+        answer = cancel(system, job_id)
         assert (answer["outcome"], answer["found_status"]) == ("TooLate", "Delivering")
         faults.resume.set()
-        _wait_status(system, admin, job_id, "Completed")
+        wait_status(system, admin, job_id, "Completed")
     finally:
         faults.resume.set()
-    _assert_delivered_once(admin, embedded_sftp, job_id)
-    assert _row(admin, job_id)["stop_request_id"] is None
+    assert_delivered_once(admin, embedded_sftp, job_id)
+    assert job_row(admin, job_id)["stop_request_id"] is None
 
 
 def test_a_cancel_while_building_stops_the_export_and_no_file_is_ever_written(system, admin, db_url, embedded_sftp):
     system.start_all()
-    _set_up(system, embedded_sftp)
-    holder = _hold_builds(db_url)
+    set_up(system, embedded_sftp)
+    holder = hold_builds(db_url)
     try:
-        job_id = _create(system)
-        _wait_status(system, admin, job_id, "Running")
-        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
-        answer = _cancel(system, job_id)
+        job_id = create(system)
+        wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        answer = cancel(system, job_id)
         assert (answer["outcome"], answer["found_status"]) == ("StopRequested", "Running")
         # The watcher cancels the build's query itself: the lock is never released before Stopped.
-        _wait_status(system, admin, job_id, "Stopped")
+        wait_status(system, admin, job_id, "Stopped")
     finally:
         holder.rollback()
         holder.close()
-    assert _transitions(admin, job_id) == ["Claimed", "Stopped"]
+    assert transitions(admin, job_id) == ["Claimed", "Stopped"]
     assert embedded_sftp.files() == {}
 
 
@@ -158,65 +103,65 @@ def test_an_export_edited_while_queued_is_delivered_to_the_new_destination(syste
     # No worker yet, so the export is still queued when the edit lands.
     system.start_relay()
     system.start_scheduler()
-    _set_up(system, embedded_sftp)
+    set_up(system, embedded_sftp)
     archive = Path(embedded_sftp.config.remote_dir).parent / "archive"
     (embedded_sftp.inbox.parent / "archive").mkdir()
     key = embedded_sftp.config.host_key
     system.cli("destination", "add", "--tenant", TENANT, "--name", "archive", "--host", "127.0.0.1", "--port",
                str(embedded_sftp.config.port), "--username", embedded_sftp.config.username, "--remote-dir",
                str(archive), "--credential-ref", embedded_sftp.config.credential_ref, "--host-key", key)
-    job_id = _create(system)
+    job_id = create(system)
     edited = system.cli("edit", job_id, "--tenant", TENANT, "--destination", "archive", "--expected-version", "1",
                         "--by", OPERATOR, "--json").json
     assert edited["version"] == 2
     system.start_worker()
     system.start_worker()
-    _wait_status(system, admin, job_id, "Completed")
-    row = _row(admin, job_id)
+    wait_status(system, admin, job_id, "Completed")
+    row = job_row(admin, job_id)
     assert row["version"] == 2
     assert embedded_sftp.files() == {}
     delivered = (embedded_sftp.inbox.parent / "archive" / final_name(row["delivery_key"])).read_bytes()
     assert hashlib.sha256(delivered).digest() == bytes(row["expected_file_sha256"])
-    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+    assert transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
 
 
 def test_a_lost_wake_up_is_republished_by_the_sweeper_and_the_export_completes(system, admin, embedded_sftp):
     system.start_relay()
     system.start_scheduler()
-    _set_up(system, embedded_sftp)
-    job_id = _create(system)
+    set_up(system, embedded_sftp)
+    job_id = create(system)
     wait_until(lambda: admin.execute("SELECT count(*) AS n FROM outbox WHERE job_id = %s AND published_at IS NOT NULL",
                                      (job_id,)).fetchone()["n"] >= 1,
                "the relay to publish the wake-up", DEADLINE, diagnostics=system.group.logs)
     system.delete_queue()
     system.start_worker()
     system.start_worker()
-    _wait_status(system, admin, job_id, "Completed")
-    assert _row(admin, job_id)["sweep_count"] >= 1
-    assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
-    _assert_delivered_once(admin, embedded_sftp, job_id)
+    wait_status(system, admin, job_id, "Completed")
+    assert job_row(admin, job_id)["sweep_count"] >= 1
+    assert transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "Finished"]
+    assert_delivered_once(admin, embedded_sftp, job_id)
 
 
 def test_a_worker_killed_mid_build_is_recovered_and_the_export_is_delivered_exactly_once(
         system, admin, db_url, embedded_sftp):
     system.start_all()
-    _set_up(system, embedded_sftp)
-    holder = _hold_builds(db_url)
+    set_up(system, embedded_sftp)
+    holder = hold_builds(db_url)
     try:
-        job_id = _create(system)
-        _wait_status(system, admin, job_id, "Running")
-        wait_until(lambda: _builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
-        pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
+        job_id = create(system)
+        wait_status(system, admin, job_id, "Running")
+        wait_until(lambda: builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        pid = int(job_row(admin, job_id)["claimed_by"].split(":")[1])
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         assert parent in {r.process.pid for r in system.group.running if r.name.startswith("worker")}
         os.kill(pid, signal.SIGKILL)
     finally:
         holder.rollback()
         holder.close()
-    _wait_status(system, admin, job_id, "Completed")
-    assert _transitions(admin, job_id) == ["Claimed", "RequeuedByRecovery", "Claimed", "DeliveryAuthorized", "Finished"]
-    assert _row(admin, job_id)["attempt_count"] == 2
-    _assert_delivered_once(admin, embedded_sftp, job_id)
+    wait_status(system, admin, job_id, "Completed")
+    assert transitions(admin, job_id) == ["Claimed", "RequeuedByRecovery", "Claimed", "DeliveryAuthorized", "Finished"]
+    assert job_row(admin, job_id)["attempt_count"] == 2
+    assert_delivered_once(admin, embedded_sftp, job_id)
 
 
 def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_delivers_once(
@@ -226,33 +171,33 @@ def test_a_worker_killed_during_delivery_ends_outcome_unknown_and_a_replacement_
     faults.hang_on = frozenset({"open"})
     try:
         system.start_all()
-        _set_up(system, embedded_sftp)
-        job_id = _create(system)
+        set_up(system, embedded_sftp)
+        job_id = create(system)
         # Past cutoff 2, its upload hanging at the partner: nothing has been written.
-        _wait_status(system, admin, job_id, "Delivering")
+        wait_status(system, admin, job_id, "Delivering")
         assert faults.hanging.wait(DEADLINE)
-        pid = int(_row(admin, job_id)["claimed_by"].split(":")[1])
+        pid = int(job_row(admin, job_id)["claimed_by"].split(":")[1])
         os.kill(pid, signal.SIGKILL)
         # Recovery cannot tell whether the dead attempt uploaded: an absent file is no proof of failure.
-        _wait_status(system, admin, job_id, "OutcomeUnknown")
-        assert _transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
+        wait_status(system, admin, job_id, "OutcomeUnknown")
+        assert transitions(admin, job_id) == ["Claimed", "DeliveryAuthorized", "ResolvedByRecovery"]
         assert embedded_sftp.files() == {}
 
         replacement = system.cli("replace", job_id, "--tenant", TENANT, "--by", OPERATOR, "--reason",
                                  "the partner confirmed nothing arrived", "--json").json["job_id"]
-        _wait_status(system, admin, replacement, "Completed")
+        wait_status(system, admin, replacement, "Completed")
     finally:
         faults.hang_on = frozenset()
-    row = _row(admin, replacement)
-    assert (str(row["replaces_job_id"]), row["delivery_key"]) == (job_id, _row(admin, job_id)["delivery_key"])
-    assert _status(admin, job_id) == "OutcomeUnknown"
-    _assert_delivered_once(admin, embedded_sftp, replacement)
+    row = job_row(admin, replacement)
+    assert (str(row["replaces_job_id"]), row["delivery_key"]) == (job_id, job_row(admin, job_id)["delivery_key"])
+    assert status(admin, job_id) == "OutcomeUnknown"
+    assert_delivered_once(admin, embedded_sftp, replacement)
 
 
 @pytest.mark.rabbitmq
 def test_on_rabbitmq_an_export_created_with_the_command_completes(rabbitmq_system, admin, embedded_sftp):
     rabbitmq_system.start_all()
-    _set_up(rabbitmq_system, embedded_sftp)
-    job_id = _create(rabbitmq_system)
-    _wait_status(rabbitmq_system, admin, job_id, "Completed")
-    _assert_delivered_once(admin, embedded_sftp, job_id)
+    set_up(rabbitmq_system, embedded_sftp)
+    job_id = create(rabbitmq_system)
+    wait_status(rabbitmq_system, admin, job_id, "Completed")
+    assert_delivered_once(admin, embedded_sftp, job_id)

@@ -299,7 +299,8 @@ def test_a_crash_between_publishing_and_marking_republishes_the_same_message_ids
         if call == 2:
             # The relay's session dies after the broker took both messages and before the mark commits.
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE application_name = 'relay-under-test' AND pid <> pg_backend_pid()")
+                          " WHERE datname = current_database() AND application_name = 'relay-under-test'"
+                          " AND pid <> pg_backend_pid()")
 
     crash = AfterEnqueue(crash_after_the_last_enqueue)
     broker.add_middleware(crash)

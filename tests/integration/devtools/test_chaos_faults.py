@@ -24,7 +24,13 @@ from exports_devtools.chaos.faults import KINDS
 from exports_devtools.chaos.system import ChaosSystem, url_with_db
 from exports_devtools.store import owner as store
 from exports_devtools.waiting import wait_until
-from tests.support import CHAOS_REDIS_DB
+
+
+def _chaos_broker(configured: str) -> str:
+    """The configured Redis, on the database number below the test worker's own (tests/conftest.py),
+    which no other test uses: the chaos system's workers would take another system's messages."""
+    return url_with_db(configured, int(configured.partition("?")[0].rpartition("/")[2] or 0) - 1)
+
 
 #: Seconds an export created after a fault may take to be delivered (a restarted worker included).
 DELIVERY_TIMEOUT = 60.0
@@ -42,7 +48,7 @@ def system() -> Iterator[ChaosSystem]:
     # server (run as its own user when we are root) could no longer reach its data to restart.
     state_dir = Path(tempfile.mkdtemp(prefix="exports-chaos-"))
     chaos = ChaosSystem(state_dir, database_url=os.environ.get("EXPORTS_TEST_DATABASE_URL"),
-                        broker_url=url_with_db(broker, CHAOS_REDIS_DB) if broker else None, drop_database=True)
+                        broker_url=_chaos_broker(broker) if broker else None, drop_database=True)
     try:
         with chaos:
             yield chaos
