@@ -25,13 +25,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
 import dramatiq
 import psycopg
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
+from redis.exceptions import NoScriptError
 
 from app import logs, metrics
 from app.broker import build_broker
@@ -121,15 +122,15 @@ def _pipelined(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> lis
     prepared = [m.copy(options={"redis_message_id": str(uuid4())}) for m in messages]
     for message in prepared:
         broker.emit_before("enqueue", message, None)
-    dispatch = broker.scripts["dispatch"]
     try:
-        with broker.client.pipeline(transaction=False) as pipe:
-            for message in prepared:
-                dispatch(keys=[broker.namespace], client=pipe, args=[
-                    "enqueue", current_millis(), message.queue_name, broker.broker_id, broker.heartbeat_timeout,
-                    broker.dead_message_ttl, broker._should_do_maintenance("enqueue"), broker._max_unpack_size(),
-                    message.options["redis_message_id"], message.encode()])
-            replies = pipe.execute(raise_on_error=False)
+        replies = _dispatch(broker, prepared)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            # Redis lost its script cache (a restart, SCRIPT FLUSH): those scripts never ran. Loaded
+            # again, they run once more; the others' replies stand.
+            broker.client.script_load(broker.scripts["dispatch"].script)
+            for i, reply in zip(missing, _dispatch(broker, [prepared[i] for i in missing]), strict=True):
+                replies[i] = reply
     except Exception as exc:
         # The connection failed: no reply says which scripts ran, so none counts as taken. A script that
         # did run is republished later under the same message id, and the worker's dedup absorbs it.
@@ -142,6 +143,19 @@ def _pipelined(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> lis
             broker.emit_after("enqueue", message, None)
             results.append(None)
     return results
+
+
+def _dispatch(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> list[Any]:
+    """One pipeline of EVALSHA of dramatiq's dispatch script, one per message; the replies, errors
+    included. By its hash, not through redis-py's Script on the pipeline: that runs SCRIPT EXISTS
+    before every pipeline, a round trip per batch for what the replies say anyway (NOSCRIPT)."""
+    sha = broker.scripts["dispatch"].sha
+    with broker.client.pipeline(transaction=False) as pipe:
+        for message in messages:
+            pipe.evalsha(sha, 1, broker.namespace, "enqueue", current_millis(), message.queue_name, broker.broker_id,
+                         broker.heartbeat_timeout, broker.dead_message_ttl, broker._should_do_maintenance("enqueue"),
+                         broker._max_unpack_size(), message.options["redis_message_id"], message.encode())
+        return pipe.execute(raise_on_error=False)
 
 
 class Relay:

@@ -229,25 +229,48 @@ def test_an_unreachable_broker_leaves_every_row_unpublished_for_the_next_pass(
 
 def test_a_broker_that_refuses_one_message_of_a_batch_marks_exactly_the_rows_it_took(
         db_url, dispatcher_db, broker, seed, admin, monkeypatch):
-    ids = seed_jobs(seed, 4)
-    real_dispatch, calls = broker.scripts["dispatch"], []
+    from redis.client import Pipeline
 
-    def refuse_the_third(keys, args, client):
+    ids = seed_jobs(seed, 4)
+    real_evalsha, calls = Pipeline.evalsha, []
+
+    def refuse_the_third(self, sha, numkeys, *args):
         calls.append(args)
         if len(calls) == 3:
             args = args[:3]   # a call the script cannot run: Redis answers this one with an error
-        return real_dispatch(keys=keys, args=args, client=client)
+        return real_evalsha(self, sha, numkeys, *args)
 
-    monkeypatch.setitem(broker.scripts, "dispatch", refuse_the_third)
+    monkeypatch.setattr(Pipeline, "evalsha", refuse_the_third)
     relay = Relay(settings_for(db_url), dispatcher_db, broker)
 
     assert relay.run_once() == 3
     assert sorted(queued_ids(broker)) == sorted(ids[:2] + ids[3:])
     assert unpublished_ids(admin) == [ids[2]]
 
-    monkeypatch.setitem(broker.scripts, "dispatch", real_dispatch)
+    monkeypatch.setattr(Pipeline, "evalsha", real_evalsha)
     assert relay.run_once() == 1
 
+    assert sorted(queued_ids(broker)) == sorted(ids)
+    assert unpublished_ids(admin) == []
+
+
+def test_a_redis_that_lost_its_scripts_has_the_dispatch_script_loaded_again_and_takes_the_batch(
+        db_url, dispatcher_db, broker, seed, admin, monkeypatch):
+    from redis.client import Pipeline
+
+    ids = seed_jobs(seed, 3)
+    executions = []
+    real_execute = Pipeline.execute
+
+    def counted(self, raise_on_error=True):
+        executions.append(len(self.command_stack))
+        return real_execute(self, raise_on_error=raise_on_error)
+
+    monkeypatch.setattr(Pipeline, "execute", counted)
+    broker.client.script_flush()   # as a restarted Redis has it: every EVALSHA answers NOSCRIPT
+
+    assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 3
+    assert executions == [3, 3]   # the batch, refused whole; then loaded, the batch again
     assert sorted(queued_ids(broker)) == sorted(ids)
     assert unpublished_ids(admin) == []
 
