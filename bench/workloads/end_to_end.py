@@ -265,13 +265,28 @@ def _rows(outcome: Outcome, runs: dict[str, list[SideRun]], idle: list[dict[str,
     lines = [("exports/s", lambda rs: statistics.median(r.rate for r in rs))]
     for key, label in COST_LINES:
         lines.append((label, lambda rs, key=key: _median(rs, key)))
-    outcome.tables["Per export, by side (medians of the rounds)"] = {
+    outcome.tables["Per export, by side (medians of the rounds)"] = with_before({
         "columns": ["per export", *names],
-        "rows": [[label, *[fn(runs[n]) for n in names]] for label, fn in lines]}
+        "rows": [[label, *[fn(runs[n]) for n in names]] for label, fn in lines]})
     if access.sshd_pid is None:
         outcome.notes.append("sshd CPU and SSH logins were not measured: the partner is not an sshd of ours.")
     if not any("cpu_postgresql_ms" in r.costs for r in ours):
         outcome.notes.append("PostgreSQL CPU was not measured: the server does not run on this machine.")
+
+
+#: Ours as issue 16 measured it at commit bad3b3b, before the changes it asked for (same workload, 2-core
+#: machine, idle, 3 rounds), so the table shows before and after. A record, not a ceiling or a baseline:
+#: it was not measured in this run. WAL is the issue's "KB"; Redis commands were not counted then.
+BEFORE_LABEL = "ours before (issue 16, bad3b3b)"
+BEFORE = {"exports/s": 56.5, "CPU, all kinds (ms)": 30.1, "CPU, Python of the side (ms)": 17.0,
+          "CPU, PostgreSQL (ms)": 6.1, "CPU, sshd (ms)": 6.7, "CPU, redis-server (ms)": 0.5, "transactions": 30.5,
+          "WAL fsyncs": 7.5, "WAL (KiB)": 10.6, "SSH logins per delivery": 0.205}
+
+
+def with_before(table: dict[str, list]) -> dict[str, list]:
+    """The per-side table with BEFORE as its last column (``-`` where nothing was measured then)."""
+    return {"columns": [*table["columns"], BEFORE_LABEL],
+            "rows": [[*row, BEFORE.get(row[0], "-")] for row in table["rows"]]}
 
 
 COST_LINES = (
