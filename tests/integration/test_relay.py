@@ -127,6 +127,21 @@ def outbox_rows(admin) -> list[dict]:
     return admin.execute("SELECT * FROM outbox ORDER BY created_at, message_id").fetchall()
 
 
+def pipelines_executed(monkeypatch) -> list[int]:
+    """The number of commands in each Redis pipeline executed from now on (the relay's round trips)."""
+    from redis.client import Pipeline
+
+    executions: list[int] = []
+    real_execute = Pipeline.execute
+
+    def counted(self, raise_on_error=True):
+        executions.append(len(self.command_stack))
+        return real_execute(self, raise_on_error=raise_on_error)
+
+    monkeypatch.setattr(Pipeline, "execute", counted)
+    return executions
+
+
 def unpublished_ids(admin) -> list[str]:
     return [str(r["message_id"]) for r in outbox_rows(admin) if r["published_at"] is None]
 
@@ -256,17 +271,8 @@ def test_a_broker_that_refuses_one_message_of_a_batch_marks_exactly_the_rows_it_
 
 def test_a_redis_that_lost_its_scripts_has_the_dispatch_script_loaded_again_and_takes_the_batch(
         db_url, dispatcher_db, broker, seed, admin, monkeypatch):
-    from redis.client import Pipeline
-
     ids = seed_jobs(seed, 3)
-    executions = []
-    real_execute = Pipeline.execute
-
-    def counted(self, raise_on_error=True):
-        executions.append(len(self.command_stack))
-        return real_execute(self, raise_on_error=raise_on_error)
-
-    monkeypatch.setattr(Pipeline, "execute", counted)
+    executions = pipelines_executed(monkeypatch)
     broker.client.script_flush()   # as a restarted Redis has it: every EVALSHA answers NOSCRIPT
 
     assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 3
@@ -298,17 +304,8 @@ def test_a_connection_lost_during_the_pipeline_marks_nothing_and_the_next_pass_p
 
 
 def test_a_batch_is_enqueued_in_one_round_trip(db_url, dispatcher_db, broker, seed, monkeypatch):
-    from redis.client import Pipeline
-
     ids = seed_jobs(seed, 25)
-    executions = []
-    real_execute = Pipeline.execute
-
-    def counted(self, raise_on_error=True):
-        executions.append(len(self.command_stack))
-        return real_execute(self, raise_on_error=raise_on_error)
-
-    monkeypatch.setattr(Pipeline, "execute", counted)
+    executions = pipelines_executed(monkeypatch)
 
     assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 25
     assert executions == [25] and sorted(queued_ids(broker)) == sorted(ids)
