@@ -18,6 +18,10 @@ OPTIONAL_COLUMNS = ("company", "phone", "consent")
 MAX_FIELD = 320
 #: Largest file accepted, in bytes: larger imports go through COPY by a DBA, not this script.
 MAX_FILE_BYTES = 200 * 1024 * 1024
+#: The control characters a name, company or phone may hold: CRM data has multi-line and tabbed values,
+#: which a CSV file quotes and the export's CSV quotes again. NUL and the rest are refused, and an email
+#: address holds none.
+_MULTI_LINE = "\t\n\r"
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0", ""}
 
@@ -52,8 +56,11 @@ def _field(row: dict[str, str | None], column: str, line: int, *, required: bool
         if required:
             raise bad_input(f"line {line}: {column} is empty")
         return None
-    if "\x00" in value or any(ord(c) < 32 for c in value):
-        raise bad_input(f"line {line}: {column} contains control characters")
+    allowed = "" if column == "email" else _MULTI_LINE
+    if any((ord(c) < 32 or ord(c) == 127) and c not in allowed for c in value):
+        what = "whitespace or control characters" if column == "email" else \
+            "control characters (only tab, CR and LF are allowed)"
+        raise bad_input(f"line {line}: {column} contains {what}")
     if len(value) > (MAX_NAME if column == "full_name" else MAX_FIELD):
         raise bad_input(f"line {line}: {column} is too long ({len(value)} characters)")
     return value

@@ -249,6 +249,24 @@ def test_contacts_import_with_a_nul_byte_in_one_row_loads_nothing(exports_cli, a
     assert snapshot(admin) == before
 
 
+def test_contacts_import_keeps_multi_line_and_tabbed_values_and_refuses_other_control_characters(
+        exports_cli, admin, tenant, tmp_path):
+    path = tmp_path / "contacts.csv"
+    path.write_text('email,full_name,company\n'
+                    'ada@example.com,"Ada\tLovelace","Analytical Engines\r\nLondon office"\n', encoding="utf-8")
+    assert exports_cli("contacts", "import", str(path), "--tenant", "Initech", "--json").json["imported"] == 1
+    assert admin.execute("SELECT full_name, company FROM contacts").fetchone() == {
+        "full_name": "Ada\tLovelace", "company": "Analytical Engines\r\nLondon office"}
+
+    bell = tmp_path / "bell.csv"
+    bell.write_text('email,full_name\nalan@example.com,Alan\nbell@example.com,"Ring\x07"\n', encoding="utf-8")
+    before = snapshot(admin)
+    result = exports_cli("contacts", "import", str(bell), "--tenant", "Initech", expect=EXIT_BAD_INPUT)
+    one_line_error(result)
+    assert "line 3: full_name contains control characters" in result.stderr
+    assert snapshot(admin) == before
+
+
 def test_contacts_generate_loads_the_requested_count(exports_cli, admin, tenant):
     exports_cli("contacts", "generate", "--tenant", "Initech", "--count", "2500")
     counts = admin.execute("SELECT count(*) AS n, count(DISTINCT email) AS emails, "
