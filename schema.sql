@@ -90,7 +90,10 @@ CREATE TABLE contacts (
     company     text,
     phone       text,
     consent     boolean NOT NULL DEFAULT false,   -- the export policy only ships consenting contacts
-    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- A tenant's custom fields (an imported file's extra columns, by header name); always an object.
+    attributes  jsonb NOT NULL DEFAULT '{}'::jsonb
+        CONSTRAINT ck_contacts_attributes_object CHECK (jsonb_typeof(attributes) = 'object')
 );
 CREATE INDEX ix_contacts_tenant ON contacts (tenant_id, id);
 
@@ -426,4 +429,4 @@ GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, ho
 GRANT DELETE ON process_heartbeats TO exports_app;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (5);
+INSERT INTO schema_version (version) VALUES (6);

@@ -16,6 +16,9 @@ REQUIRED_COLUMNS = ("email", "full_name")
 OPTIONAL_COLUMNS = ("company", "phone", "consent")
 #: Longest field accepted from a file.
 MAX_FIELD = 320
+#: Longest custom field name (an extra column's header), and the most custom fields a file may carry.
+MAX_ATTRIBUTE_NAME = 64
+MAX_ATTRIBUTES = 100
 #: Largest file accepted, in bytes: larger imports go through COPY by a DBA, not this script.
 MAX_FILE_BYTES = 200 * 1024 * 1024
 #: The control characters a name, company or phone may hold: CRM data has multi-line and tabbed values,
@@ -66,8 +69,28 @@ def _field(row: dict[str, str | None], column: str, line: int, *, required: bool
     return value
 
 
+def _attribute_names(header: list[str], path: Path) -> list[str]:
+    """The header's extra columns, the tenant's custom fields: each named, once, in printable text."""
+    extra = [name for name in header if name not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
+    where = printable(str(path), 120)
+    for name in header:
+        if header.count(name) > 1:
+            raise bad_input(f"{where}: column {printable(name, 60)!r} appears more than once in the header")
+    for name in extra:
+        if not name.strip():
+            raise bad_input(f"{where}: a column of the header has no name")
+        if name != name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name) > MAX_ATTRIBUTE_NAME:
+            raise bad_input(f"{where}: column name {printable(name, 60)!r} must be at most {MAX_ATTRIBUTE_NAME} "
+                            "printable characters, without leading or trailing spaces")
+    if len(extra) > MAX_ATTRIBUTES:
+        raise bad_input(f"{where}: {len(extra)} custom columns; at most {MAX_ATTRIBUTES}")
+    return extra
+
+
 def read_csv(path: Path) -> list[NewContact]:
-    """Every row, validated; raises CliError (bad input) naming the first bad line, before anything is loaded."""
+    """Every row, validated; raises CliError (bad input) naming the first bad line, before anything is loaded.
+    Columns beyond the known ones are the tenant's custom fields: each row's non-empty values are kept in
+    its ``attributes`` under the column's name."""
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -83,7 +106,8 @@ def read_csv(path: Path) -> list[NewContact]:
             if missing:
                 raise bad_input(f"{printable(str(path), 120)}: missing column(s) {', '.join(missing)}; "
                                 f"the header needs {', '.join(REQUIRED_COLUMNS)} "
-                                f"(optional: {', '.join(OPTIONAL_COLUMNS)})")
+                                f"(optional: {', '.join(OPTIONAL_COLUMNS)}, and any column of the tenant's own)")
+            custom = _attribute_names(list(header), path)
             for row in reader:
                 line = reader.line_num
                 if None in row:
@@ -97,6 +121,8 @@ def read_csv(path: Path) -> list[NewContact]:
                     company=_field(row, "company", line, required=False),
                     phone=_field(row, "phone", line, required=False),
                     consent=parse_consent(row.get("consent") or "", line),
+                    attributes={name: value for name in custom
+                                if (value := _field(row, name, line, required=False)) is not None},
                 ))
     except UnicodeDecodeError:
         raise bad_input(f"{printable(str(path), 120)} is not UTF-8") from None

@@ -107,7 +107,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     contacts = group(commands, "contacts", "a tenant's contacts")
     p = command(contacts, "import", help_="load contacts from a CSV file (all or nothing)",
                 description="Load contacts from a UTF-8 CSV file with a header: email, full_name (required), "
-                            "company, phone, consent (optional). Quoted values may span lines and hold tabs; other "
+                            "company, phone, consent (optional); any other column is a custom field of the tenant's, "
+                            "kept by its header name in the contact's attributes. Quoted values may span lines "
+                            "and hold tabs; other "
                             "control characters are refused. Every row is checked before any is loaded; one "
                             "bad row loads nothing.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("file", type=text(4096))

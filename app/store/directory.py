@@ -6,8 +6,9 @@ One function per named statement in ``sql/directory.sql``, the connection first,
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -46,6 +47,8 @@ class NewContact:
     company: str | None
     phone: str | None
     consent: bool
+    #: The tenant's custom fields, by name (``contacts.attributes``).
+    attributes: Mapping[str, str] = field(default_factory=dict)
 
 
 class AddResult(enum.Enum):
@@ -96,7 +99,7 @@ def copy_contacts(conn: psycopg.Connection, *, tenant_id: UUID, contacts: Iterab
     with conn.transaction(), connector.copy(conn, "directory_copy_contacts") as copy:
         for contact in contacts:
             copy.write_row((tenant_id, contact.email, contact.full_name, contact.company, contact.phone,
-                            contact.consent))
+                            contact.consent, json.dumps(dict(contact.attributes))))
             count += 1
     return count
 

@@ -267,6 +267,29 @@ def test_contacts_import_keeps_multi_line_and_tabbed_values_and_refuses_other_co
     assert snapshot(admin) == before
 
 
+def test_contacts_import_keeps_the_extra_columns_as_the_contacts_custom_fields(exports_cli, admin, tenant, tmp_path):
+    path = tmp_path / "contacts.csv"
+    path.write_text("email,full_name,Loyalty tier,region\n"
+                    "ada@example.com,Ada,Gold,\"EMEA\nNorth\"\n"
+                    "alan@example.com,Alan,,APAC\n", encoding="utf-8")
+    assert exports_cli("contacts", "import", str(path), "--tenant", "Initech", "--json").json["imported"] == 2
+    rows = admin.execute("SELECT email, attributes FROM contacts ORDER BY id").fetchall()
+    assert rows == [{"email": "ada@example.com", "attributes": {"Loyalty tier": "Gold", "region": "EMEA\nNorth"}},
+                    {"email": "alan@example.com", "attributes": {"region": "APAC"}}]   # an empty cell: no field
+
+
+@pytest.mark.parametrize("header", ["email,full_name,tier,tier", "email,full_name,", "email,full_name, tier"])
+def test_contacts_import_with_a_custom_column_unnamed_twice_named_or_padded_loads_nothing(
+        exports_cli, admin, tenant, tmp_path, header):
+    path = tmp_path / "contacts.csv"
+    path.write_text(f"{header}\nada@example.com,Ada,a,b\n", encoding="utf-8")
+    before = snapshot(admin)
+    result = exports_cli("contacts", "import", str(path), "--tenant", "Initech", expect=EXIT_BAD_INPUT)
+    one_line_error(result)
+    assert "column" in result.stderr and "line" not in result.stderr   # the header is refused, not a row
+    assert snapshot(admin) == before
+
+
 def test_contacts_generate_loads_the_requested_count(exports_cli, admin, tenant):
     exports_cli("contacts", "generate", "--tenant", "Initech", "--count", "2500")
     counts = admin.execute("SELECT count(*) AS n, count(DISTINCT email) AS emails, "

@@ -27,7 +27,7 @@ RETURNING operator_id;
 -- name: directory_copy_contacts
 -- Bulk load through COPY: thousands of rows in one round trip, inside the caller's transaction, so an
 -- import is all or nothing.
-COPY contacts (tenant_id, email, full_name, company, phone, consent) FROM STDIN;
+COPY contacts (tenant_id, email, full_name, company, phone, consent, attributes) FROM STDIN;
 
 -- name: directory_read_destination
 -- The job's destination, only if it belongs to the job's tenant.
