@@ -128,7 +128,8 @@ def _pipelined(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> lis
         if missing:
             # Redis lost its script cache (a restart, SCRIPT FLUSH): those scripts never ran. Loaded
             # again, they run once more; the others' replies stand.
-            broker.client.script_load(broker.scripts["dispatch"].script)
+            script = broker.scripts["dispatch"]
+            script.sha = broker.client.script_load(script.script)
             for i, reply in zip(missing, _dispatch(broker, [prepared[i] for i in missing]), strict=True):
                 replies[i] = reply
     except Exception as exc:
