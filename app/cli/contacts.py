@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import random
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,10 @@ def parse_consent(raw: str, line: int) -> bool:
     raise bad_input(f"line {line}: consent must be true or false, not {printable(raw, 40)!r}")
 
 
+def _has_controls(value: str, allowed: str = "") -> bool:
+    return any((ord(c) < 32 or ord(c) == 127) and c not in allowed for c in value)
+
+
 def _field(row: dict[str, str | None], column: str, line: int, *, required: bool) -> str | None:
     value = row.get(column)
     value = value.strip() if isinstance(value, str) else None
@@ -59,8 +64,7 @@ def _field(row: dict[str, str | None], column: str, line: int, *, required: bool
         if required:
             raise bad_input(f"line {line}: {column} is empty")
         return None
-    allowed = "" if column == "email" else _MULTI_LINE
-    if any((ord(c) < 32 or ord(c) == 127) and c not in allowed for c in value):
+    if _has_controls(value, allowed="" if column == "email" else _MULTI_LINE):
         what = "whitespace or control characters" if column == "email" else \
             "control characters (only tab, CR and LF are allowed)"
         raise bad_input(f"line {line}: {column} contains {what}")
@@ -73,13 +77,13 @@ def _attribute_names(header: list[str], path: Path) -> list[str]:
     """The header's extra columns, the tenant's custom fields: each named, once, in printable text."""
     extra = [name for name in header if name not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
     where = printable(str(path), 120)
-    for name in header:
-        if header.count(name) > 1:
-            raise bad_input(f"{where}: column {printable(name, 60)!r} appears more than once in the header")
+    repeated = next((name for name, n in Counter(header).items() if n > 1), None)
+    if repeated is not None:
+        raise bad_input(f"{where}: column {printable(repeated, 60)!r} appears more than once in the header")
     for name in extra:
         if not name.strip():
             raise bad_input(f"{where}: a column of the header has no name")
-        if name != name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name) > MAX_ATTRIBUTE_NAME:
+        if name != name.strip() or _has_controls(name) or len(name) > MAX_ATTRIBUTE_NAME:
             raise bad_input(f"{where}: column name {printable(name, 60)!r} must be at most {MAX_ATTRIBUTE_NAME} "
                             "printable characters, without leading or trailing spaces")
     if len(extra) > MAX_ATTRIBUTES:

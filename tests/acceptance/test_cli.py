@@ -19,7 +19,7 @@ from app.store import directory, export, partner
 from app.store.database import connect
 from app.store.types import FailureCode, Role, Status
 from exports_devtools.processes import clean_environ
-from tests.fixtures.processes import ExportsCli
+from tests.fixtures.processes import CliResult, ExportsCli
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",
           "export_attempt_events", "cancellation_requests", "outbox")
@@ -226,6 +226,15 @@ def test_a_repeated_grant_changes_nothing_and_a_different_one_is_refused(exports
     assert snapshot(admin) == before
 
 
+def _import_refused(exports_cli, admin, path) -> CliResult:
+    """``contacts import`` of ``path``: refused as bad input in one line, with nothing loaded."""
+    before = snapshot(admin)
+    result = exports_cli("contacts", "import", str(path), "--tenant", "Initech", expect=EXIT_BAD_INPUT)
+    one_line_error(result)
+    assert snapshot(admin) == before
+    return result
+
+
 def test_contacts_import_loads_every_row_of_the_file(exports_cli, admin, tenant, tmp_path):
     path = tmp_path / "contacts.csv"
     path.write_text("email,full_name,company,phone,consent\n"
@@ -242,11 +251,7 @@ def test_contacts_import_loads_every_row_of_the_file(exports_cli, admin, tenant,
 def test_contacts_import_with_a_nul_byte_in_one_row_loads_nothing(exports_cli, admin, tenant, tmp_path):
     path = tmp_path / "contacts.csv"
     path.write_bytes(b"email,full_name\nada@example.com,Ada\nbad@example.com,B\x00ad\n")
-    before = snapshot(admin)
-    result = exports_cli("contacts", "import", str(path), "--tenant", "Initech", expect=EXIT_BAD_INPUT)
-    one_line_error(result)
-    assert "line 3" in result.stderr
-    assert snapshot(admin) == before
+    assert "line 3" in _import_refused(exports_cli, admin, path).stderr
 
 
 def test_contacts_import_keeps_multi_line_and_tabbed_values_and_refuses_other_control_characters(
@@ -260,11 +265,7 @@ def test_contacts_import_keeps_multi_line_and_tabbed_values_and_refuses_other_co
 
     bell = tmp_path / "bell.csv"
     bell.write_text('email,full_name\nalan@example.com,Alan\nbell@example.com,"Ring\x07"\n', encoding="utf-8")
-    before = snapshot(admin)
-    result = exports_cli("contacts", "import", str(bell), "--tenant", "Initech", expect=EXIT_BAD_INPUT)
-    one_line_error(result)
-    assert "line 3: full_name contains control characters" in result.stderr
-    assert snapshot(admin) == before
+    assert "line 3: full_name contains control characters" in _import_refused(exports_cli, admin, bell).stderr
 
 
 def test_contacts_import_keeps_the_extra_columns_as_the_contacts_custom_fields(exports_cli, admin, tenant, tmp_path):
@@ -283,11 +284,8 @@ def test_contacts_import_with_a_custom_column_unnamed_twice_named_or_padded_load
         exports_cli, admin, tenant, tmp_path, header):
     path = tmp_path / "contacts.csv"
     path.write_text(f"{header}\nada@example.com,Ada,a,b\n", encoding="utf-8")
-    before = snapshot(admin)
-    result = exports_cli("contacts", "import", str(path), "--tenant", "Initech", expect=EXIT_BAD_INPUT)
-    one_line_error(result)
+    result = _import_refused(exports_cli, admin, path)
     assert "column" in result.stderr and "line" not in result.stderr   # the header is refused, not a row
-    assert snapshot(admin) == before
 
 
 def test_contacts_generate_loads_the_requested_count(exports_cli, admin, tenant):

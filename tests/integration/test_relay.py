@@ -28,9 +28,6 @@ from app.store.database import Database
 from app.store.types import Role
 from exports_devtools.waiting import wait_until
 
-IN_CI = os.environ.get("CI") == "true"
-#: The machine's RabbitMQ, used under CI when EXPORTS_TEST_AMQP_URL is unset (CI's first pass).
-CI_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 #: Seconds a test waits for something another thread must do; a deadline, not a hoped-for interleaving.
 DEADLINE = 10.0
 
@@ -445,18 +442,6 @@ def test_a_lost_notification_is_covered_by_the_poll_interval(db_url, dispatcher_
 
 
 # -- RabbitMQ ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def amqp_url() -> str:
-    url = os.environ.get("EXPORTS_TEST_AMQP_URL")
-    if url:
-        return url
-    if IN_CI:
-        # CI's first pass sets no EXPORTS_* variable; the machine's RabbitMQ is there, and if it is
-        # not, this test fails rather than skips.
-        return CI_AMQP_URL
-    pytest.skip("EXPORTS_TEST_AMQP_URL is not set")
 
 
 def test_the_relay_publishes_to_rabbitmq_with_outbox_message_ids(db_url, dispatcher_db, seed, admin, amqp_url):
