@@ -63,8 +63,26 @@ CREATE TABLE destinations (
     created_at              timestamptz NOT NULL DEFAULT clock_timestamp(),
     max_sessions            int NOT NULL DEFAULT 4 CHECK (max_sessions BETWEEN 1 AND 64),
     auto_retries            int NOT NULL DEFAULT 3 CHECK (auto_retries BETWEEN 0 AND 20),   -- 0: off
+    profile_version         int NOT NULL DEFAULT 1,       -- the current delivery profile (delivery_profiles)
+    file_sequence           bigint NOT NULL DEFAULT 0,    -- the last {sequence} a created export's file name took
     CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id)
 );
+
+-- What the partner receives, per destination: its delivery profile (columns, format, compression, file
+-- name), one immutable version per change, so the version an attempt built with is on record for good.
+CREATE TABLE delivery_profiles (
+    destination_id  uuid NOT NULL REFERENCES destinations (id),
+    version         int  NOT NULL CHECK (version >= 1),
+    profile         jsonb NOT NULL CONSTRAINT ck_delivery_profiles_object CHECK (jsonb_typeof(profile) = 'object'),
+    created_by      text NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT pk_delivery_profiles PRIMARY KEY (destination_id, version)
+);
+
+-- A destination's current version exists: the statement that writes one writes the other.
+ALTER TABLE destinations
+    ADD CONSTRAINT fk_destinations_profile FOREIGN KEY (id, profile_version)
+        REFERENCES delivery_profiles (destination_id, version) DEFERRABLE INITIALLY DEFERRED;
 
 -- One circuit per destination, shared by every worker host. Open after a connection failure: attempts
 -- defer without building until next_probe_at, when one attempt claims the probe (probe_attempt_id,
@@ -129,7 +147,7 @@ CREATE TABLE export_jobs (
     woken_at                 timestamptz NOT NULL,      -- last wake-up message written for this job
     failure_reason           text CHECK (failure_reason IN ('BuildFailed', 'AttemptsExhausted', 'NotDelivered',
                                  'FinalNameOccupied', 'OriginalDelivered')),
-    delivery_key             text NOT NULL,             -- partner-facing identity; the final file name is built from it
+    delivery_key             text NOT NULL,             -- partner-facing identity; the final file name is kept with it
     replaces_job_id          uuid,                      -- set on a replacement job; always names the original
     created_by               text NOT NULL,             -- the operator or client that created the job
     replacement_reason       text,                      -- replacements only: why, in the creator's words
@@ -144,6 +162,7 @@ CREATE TABLE export_jobs (
     deferrals                int  NOT NULL DEFAULT 0,
     deferred_since           timestamptz,
     last_deferral            text,
+    expected_profile_version int,                       -- recorded at cutoff 2: the profile the file was built with
     CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id),
     CONSTRAINT ck_export_jobs_replacement CHECK ((replaces_job_id IS NULL) = (replacement_reason IS NULL)),
     CONSTRAINT ck_export_jobs_overwrite CHECK (overwrite_agreement_ref IS NULL OR replaces_job_id IS NOT NULL),
@@ -160,6 +179,9 @@ CREATE TABLE deliveries (
     tenant_id        uuid NOT NULL,
     delivery_key     text NOT NULL,
     original_job_id  uuid NOT NULL,
+    -- The partner-facing name, rendered from the profile when the original was created: a replacement
+    -- delivers under it too.
+    file_name        text NOT NULL CONSTRAINT ck_deliveries_file_name CHECK (length(file_name) BETWEEN 1 AND 255),
     CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key),
     CONSTRAINT uq_deliveries_original UNIQUE (tenant_id, delivery_key, original_job_id),
     CONSTRAINT fk_deliveries_original FOREIGN KEY (tenant_id, original_job_id)
@@ -298,6 +320,10 @@ CREATE TRIGGER tr_deliveries_append_only BEFORE UPDATE OR DELETE ON deliveries
     FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
 CREATE TRIGGER tr_deliveries_no_truncate BEFORE TRUNCATE ON deliveries
     FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_delivery_profiles_append_only BEFORE UPDATE OR DELETE ON delivery_profiles
+    FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_delivery_profiles_no_truncate BEFORE TRUNCATE ON delivery_profiles
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
 
 -- The outbox is insert-only apart from its publication status: an update may change published_at
 -- alone (due_at is written once with the row, like the other columns), and the only deletion is
@@ -402,7 +428,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 
 -- exports_app: the API, the worker, recovery, the sweeper and the operator scripts.
 GRANT SELECT, INSERT ON tenants, destinations, contacts, operator_access TO exports_app;
-GRANT UPDATE (active) ON destinations TO exports_app;
+GRANT UPDATE (active, profile_version, file_sequence) ON destinations TO exports_app;
+GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
 GRANT SELECT, INSERT, UPDATE ON export_jobs TO exports_app;
 GRANT SELECT, INSERT ON deliveries, export_attempt_events, cancellation_requests TO exports_app;
 GRANT SELECT, INSERT ON outbox TO exports_app;
@@ -429,4 +456,4 @@ GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, ho
 GRANT DELETE ON process_heartbeats TO exports_app;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (6);
+INSERT INTO schema_version (version) VALUES (7);

@@ -13,6 +13,7 @@ turns each into an exit code::
         SchemaTooNew                app/store/migrate.py     the database's schema is newer than this release's
         DestinationError            app/delivery/errors.py   a destination that cannot be used as configured
             InvalidDestination                               a setting out of bounds (port, timeouts, sessions)
+                ProfileError                                 a delivery profile that cannot be used
             CredentialError                                  a credential reference malformed or unresolvable
             HostKeyError                                     a host key line unparseable, or not fetchable
             HostKeyMismatch                                  the server presented another key than the pinned one

@@ -63,6 +63,8 @@ def tenant_with_destination(owner: psycopg.Connection, *, host_key: str = "x") -
     tenant, destination = uuid.uuid4(), uuid.uuid4()
     owner.execute("INSERT INTO tenants (id, name) VALUES (%s, 'bench')", (tenant,))
     owner.execute(
-        "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
-        " VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/inbox', %s, 'env:X')", (destination, tenant, host_key))
+        "WITH d AS (INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key,"
+        " credential_ref) VALUES (%s, %s, 'bench', '127.0.0.1', 22, 'u', '/inbox', %s, 'env:X') RETURNING id)"
+        " INSERT INTO delivery_profiles (destination_id, version, profile, created_by)"
+        " SELECT id, 1, '{}', 'bench' FROM d", (destination, tenant, host_key))
     return tenant, destination

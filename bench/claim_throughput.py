@@ -44,7 +44,7 @@ def seed(url: str, clients: int, claims: int, tag: str = "") -> None:
                 WITH ids AS (
                     SELECT md5(%(tag)s || 'c' || c || '-' || i)::uuid AS id, 'k-' || %(tag)s || c || '-' || i AS key
                     FROM generate_series(0, %(clients)s - 1) c, generate_series(1, %(claims)s) i),
-                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
+                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id, 'contacts-' || key || '.csv' FROM ids)
                 INSERT INTO export_jobs
                     (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
                 SELECT id, %(tenant)s, 'Queued', 1, %(dest)s, key, 'bench', clock_timestamp() FROM ids

@@ -14,6 +14,11 @@ from app.store import export
 from app.store.types import ExpectedFile, Status
 
 LEASE = 60.0
+#: Follows a ``WITH d AS (INSERT INTO destinations ... RETURNING id)``: the destination's first delivery
+#: profile, in the same statement (the schema's deferred key wants both by the commit). '{}' reads as the
+#: default profile.
+DEFAULT_PROFILE_ROW = (" INSERT INTO delivery_profiles (destination_id, version, profile, created_by)"
+                       " SELECT id, 1, '{}', 'tests' FROM d")
 
 
 @dataclass(frozen=True)
@@ -38,10 +43,10 @@ class Seeder:
     def destination(self, tenant_id: UUID, **caps) -> UUID:
         destination_id = uuid.uuid4()
         self.conn.execute(
-            "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key,"
+            "WITH d AS (INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key,"
             " credential_ref, remote_hash, acknowledgments, name_and_size_identify, read_back)"
             " VALUES (%s, %s, 'partner', '127.0.0.1', 2222, 'partner', '/inbox', '[127.0.0.1]:2222 ssh-ed25519 AAAA',"
-            " 'env:PARTNER_PASSWORD', %s, %s, %s, %s)",
+            " 'env:PARTNER_PASSWORD', %s, %s, %s, %s) RETURNING id)" + DEFAULT_PROFILE_ROW,
             (destination_id, tenant_id, caps.get("remote_hash", False), caps.get("acknowledgments", False),
              caps.get("name_and_size_identify", False), caps.get("read_back", False)))
         return destination_id

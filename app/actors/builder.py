@@ -1,7 +1,8 @@
-"""The builder: streams a tenant's consenting contacts from PostgreSQL into a local CSV file.
+"""The builder: streams a tenant's consenting contacts from PostgreSQL into the local file the partner
+will receive, shaped by the destination's delivery profile (``app.actors.partner_file``).
 
-PostgreSQL writes the CSV itself (``COPY ... TO STDOUT``) and the builder streams it block by block
-to disk, computing size and SHA-256 as it writes, so memory stays flat in the number of contacts.
+PostgreSQL writes the rows itself (``COPY ... TO STDOUT``) and the builder streams them block by block
+to disk, compressing, sizing and hashing as it writes, so memory stays flat in the number of contacts.
 
 Stopping: the stop signal is checked between blocks, and setting it also cancels the running
 statement, so a stop is not held up by a slow query. A stop raises ``BuildStopped``, unwrapped, after
@@ -12,13 +13,12 @@ raises ``BuildInterrupted``, after which the attempt writes nothing and recovery
 other failure (an error in the data or the query, the local disk) is wrapped in ``BuildFailed``. Nothing
 here ever leaves the process: a failed or stopped build is always reversible.
 
-Files are named ``{job_id}.{attempt_id}.csv`` (``.part`` while written) under the work directory, so
-the scavenger can tie any file it finds to an attempt.
+Files are named ``{job_id}.{attempt_id}.csv`` whatever their format (``.part`` while written) under the
+work directory, so the scavenger can tie any file it finds to an attempt.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,11 +29,12 @@ from uuid import UUID
 import psycopg
 
 from app import logs, metrics
+from app.actors import partner_file
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.delivery.profile import DEFAULT_PROFILE, Profile
 from app.errors import ExportsError
 from app.store import errors
-from app.store import worker as worker_reads
 from app.store.database import Database
 from app.store.types import Role
 
@@ -127,15 +128,15 @@ class ContactsBuilder:
         if self._db is not None:
             self._db.close()
 
-    def build(self, *, job_id: UUID, attempt_id: UUID, tenant_id: UUID, scope: Scope,
-              stop: StopSignal) -> BuiltFile:
+    def build(self, *, job_id: UUID, attempt_id: UUID, tenant_id: UUID, scope: Scope, stop: StopSignal,
+              profile: Profile = DEFAULT_PROFILE) -> BuiltFile:
         final = self.work_dir / file_name(job_id, attempt_id)
         partial = final.with_name(final.name + ".part")
         tries = 0
         while True:
             tries += 1
             try:
-                built = self._write(partial, tenant_id, scope, stop)
+                built = self._write(partial, tenant_id, scope, stop, profile)
                 os.replace(partial, final)
                 return BuiltFile(final, built[0], built[1], built[2])
             except BuildStopped:
@@ -160,43 +161,38 @@ class ContactsBuilder:
                 remove_quietly(final)
                 raise
 
-    def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal) -> tuple[int, bytes, int]:
+    def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal,
+               profile: Profile) -> tuple[int, bytes, int]:
         if scope is not Scope.CONSENTING_CONTACTS:
             # A scope with no query here is a bug mypy points at, not an input to refuse.
             assert_never(scope)
         self._check(stop)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        size = 0
-        lines = 0
+        rows = 0
         with self.db.connection() as conn:
             unregister = stop.on_set(lambda _reason: _cancel(conn))
             try:
                 with partial.open("xb") as out:
-                    with worker_reads.consenting_contacts_csv(conn, tenant_id, CHUNK_BYTES) as blocks:
-                        for block in blocks:
-                            size, lines = self._flush(block, out, digest, size, lines, stop)
+                    sink = partner_file.Sink(out, profile.compression)
+                    for block, block_rows in partner_file.plaintext(conn, tenant_id, profile, CHUNK_BYTES):
+                        self._flush(block, sink, stop)
+                        rows += block_rows
+                    sink.finish()
                     self._check(stop)
                     # No fsync: the file lives only as long as this attempt, which reads it back from the
                     # page cache; a crash that could lose unsynced pages ends the attempt with it, and
                     # the scavenger removes what is left. A disk barrier per export bought nothing.
             finally:
                 unregister()
-        # The header is one line; a quoted field may hold a newline, so this counts lines, not rows,
-        # and is used for logs only.
-        return size, digest.digest(), max(lines - 1, 0)
+        return sink.size, sink.digest.digest(), rows
 
-    def _flush(self, chunk: bytearray, out, digest, size: int, lines: int, stop: StopSignal) -> tuple[int, int]:
-        """Writes and hashes one chunk, then checks the stop (and the tests' checkpoint)."""
+    def _flush(self, chunk: bytes | bytearray, sink: partner_file.Sink, stop: StopSignal) -> None:
+        """Writes one chunk, then checks the stop (and the tests' checkpoint)."""
         self._check(stop)
-        out.write(chunk)
-        digest.update(chunk)
-        size += len(chunk)
-        lines += chunk.count(b"\n")
+        sink.write(chunk)
         if self.checkpoint is not None:
             self.checkpoint(stop)
             self._check(stop)
-        return size, lines
 
     @staticmethod
     def _check(stop: StopSignal) -> None:

@@ -34,6 +34,7 @@ from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination, Refused, Unreachable
 from app.delivery.evidence import Evidence
+from app.delivery.profile import Profile
 from app.delivery.sessions import SessionPool
 from app.delivery.upload import Ready
 from app.errors import ExportsError
@@ -222,16 +223,22 @@ class ExportRunner:
                 if unreachable is None:
                     # Closed now, not after this build: the attempts it turned away may come back.
                     self.circuits.reached(job.destination_id, was_open=True)
+            try:
+                profile = Profile.from_json(job.profile or {})
+            except (ValueError, KeyError, TypeError) as exc:
+                # Written by a later release, or by hand: not an export this one can build.
+                raise BuildFailed(f"the delivery profile v{job.profile_version} cannot be read: "
+                                  f"{type(exc).__name__}") from exc
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
-                                       scope=decision.scope, stop=stop)
+                                       scope=decision.scope, stop=stop, profile=profile)
             metrics.worker().build_seconds.observe(time.monotonic() - started)
             metrics.worker().build_bytes.inc(built.size)
             if stop.reason is StopReason.STOP_REQUESTED:
                 return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
             if stop.is_set():
                 raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
-            expected = ExpectedFile(export.final_name(job.delivery_key), built.size, built.sha256)
+            expected = ExpectedFile(job.file_name, built.size, built.sha256)
             original = job.original_expected   # read with the job: final, since the original had ended
 
             # Reach the partner while the job is Running: a session, the baseline, the decision.
@@ -322,7 +329,8 @@ class ExportRunner:
                    baseline: list[str]) -> AuthorizationResult:
         return export.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
                                          expected=expected, replaces_job_id=job.replaces_job_id, evidence=baseline,
-                                         observed_by=_observer(worker_id, attempt_id))
+                                         observed_by=_observer(worker_id, attempt_id),
+                                         profile_version=job.profile_version)
 
     # --- past cutoff 2: the upload is made safe to interrupt, not cancellable ---------------------
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from app.cli.common import MAX_NAME, bad_input, printable
+from app.delivery.profile import attribute_name_problem
 from app.store.directory import NewContact
 
 #: Columns a CSV file must have; company, phone and consent are optional.
@@ -17,8 +18,7 @@ REQUIRED_COLUMNS = ("email", "full_name")
 OPTIONAL_COLUMNS = ("company", "phone", "consent")
 #: Longest field accepted from a file.
 MAX_FIELD = 320
-#: Longest custom field name (an extra column's header), and the most custom fields a file may carry.
-MAX_ATTRIBUTE_NAME = 64
+#: The most custom fields (extra columns) a file may carry; their names are ``attribute_name_problem``'s.
 MAX_ATTRIBUTES = 100
 #: Largest file accepted, in bytes: larger imports go through COPY by a DBA, not this script.
 MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -83,9 +83,10 @@ def _attribute_names(header: list[str], path: Path) -> list[str]:
     for name in extra:
         if not name.strip():
             raise bad_input(f"{where}: a column of the header has no name")
-        if name != name.strip() or _has_controls(name) or len(name) > MAX_ATTRIBUTE_NAME:
-            raise bad_input(f"{where}: column name {printable(name, 60)!r} must be at most {MAX_ATTRIBUTE_NAME} "
-                            "printable characters, without leading or trailing spaces")
+        problem = attribute_name_problem(name)
+        if problem is not None:
+            # A delivery profile names a custom field by this name (attributes.<name>): it must be one.
+            raise bad_input(f"{where}: column name {printable(name, 60)!r} {problem}")
     if len(extra) > MAX_ATTRIBUTES:
         raise bad_input(f"{where}: {len(extra)} custom columns; at most {MAX_ATTRIBUTES}")
     return extra

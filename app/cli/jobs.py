@@ -29,6 +29,7 @@ from app.cli.common import (
     uuid_arg,
 )
 from app.cli.output import emit
+from app.delivery import naming
 from app.store import cancellation, export
 from app.store.types import (
     CancellationOutcome,
@@ -140,15 +141,16 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
     destination = cli_lookup.destination(views, tenant, args.destination)
     job_id, delivery_key = uuid.uuid4(), uuid.uuid4().hex
     with ctx.connection() as conn:
-        result = export.create(conn, job_id=job_id, tenant_id=tenant.id, destination_id=destination.id,
-                             delivery_key=delivery_key, created_by=args.by)
+        result, file_name = naming.create_export(conn, job_id=job_id, tenant_id=tenant.id,
+                                                 destination_id=destination.id, delivery_key=delivery_key,
+                                                 created_by=args.by)
     if result is export.CreateResult.UNKNOWN_DESTINATION:
         raise not_found(f"no destination {destination.id} in tenant {tenant.name!r}")
     if result is export.CreateResult.KEY_TAKEN:
         raise refused(f"delivery key {delivery_key} is taken in tenant {tenant.name!r}; nothing created")
-    emit(ctx, f"export {job_id} queued for {destination.name!r} (file {export.final_name(delivery_key)})",
+    emit(ctx, f"export {job_id} queued for {destination.name!r} (file {file_name})",
          {"job_id": str(job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
-          "delivery_key": delivery_key, "final_name": export.final_name(delivery_key), "status": Status.QUEUED.value,
+          "delivery_key": delivery_key, "final_name": file_name, "status": Status.QUEUED.value,
           "version": 1})
     return EXIT_OK
 

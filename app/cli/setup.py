@@ -1,5 +1,6 @@
-"""Setting up before exports exist (db, tenant, destination, operator, contacts): their parsers and
-handlers. These are for administrators; no operator grant is checked."""
+"""Setting up before exports exist (db, tenant, operator, contacts; destinations are in
+``app.cli.destinations``): their parsers and handlers. These are for administrators; no operator
+grant is checked."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from app.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     Context,
-    Exit,
-    bad_input,
     command,
     group,
     name,
@@ -24,20 +23,9 @@ from app.cli.common import (
     refused,
     text,
 )
-from app.cli.output import emit, table
-from app.delivery.credentials import parse_credential_ref
-from app.delivery.errors import CredentialError, HostKeyError
-from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
-from app.store import directory, logins, partner
+from app.cli.output import emit
+from app.store import directory, logins
 from app.store.migrate import migrate
-
-#: Seconds to wait for a server's host key with --fetch-host-key.
-FETCH_HOST_KEY_TIMEOUT = 10.0
-#: What ``destination add``'s own answers mean: a fetched key is only shown until --yes pins it.
-DESTINATION_ADD_EXITS = (
-    Exit(EXIT_NOT_FOUND, "not found: no such tenant, or the server gave no host key to fetch"),
-    Exit(EXIT_REFUSED, "refused: the fetched host key is shown, not pinned, without --yes"),
-)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -60,40 +48,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(tenant, "add", help_="add a tenant and print its id", description="Add a tenant and print its id.")
     p.add_argument("name", type=name)
     p.set_defaults(handler=tenant_add)
-
-    destination = group(commands, "destination", "partner SFTP destinations")
-    p = command(destination, "add", help_="add a tenant's partner destination, its host key pinned",
-                description="Add a partner SFTP destination. The host key is pinned from --host-key (one known_hosts "
-                            "line), or fetched once with --fetch-host-key and pinned only with --yes. The credential "
-                            "is a reference (env:VAR or keyfile:/path), never the secret.",
-                exits=DESTINATION_ADD_EXITS)
-    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
-    p.add_argument("--name", required=True, type=name)
-    p.add_argument("--host", required=True, type=text(255))
-    p.add_argument("--port", type=_port, default=22)
-    p.add_argument("--username", required=True, type=text(255))
-    p.add_argument("--remote-dir", required=True, type=text(1024))
-    p.add_argument("--credential-ref", required=True, type=text(1024), help="env:VAR, keyfile:/path or env-keyfile:VAR")
-    key = p.add_mutually_exclusive_group(required=True)
-    key.add_argument("--host-key", type=text(16384), help='one known_hosts line: "[host]:port keytype base64"')
-    key.add_argument("--fetch-host-key", action="store_true", help="fetch the server's key now (needs --yes to pin)")
-    p.add_argument("--yes", action="store_true", help="confirm pinning the fetched host key")
-    p.add_argument("--remote-hash", action="store_true", help="the server answers check-file-name sha256")
-    p.add_argument("--acknowledgments", action="store_true", help="the partner writes <final>.ack")
-    p.add_argument("--name-and-size-identify", action="store_true", help="the contract: name and size identify a file")
-    p.add_argument("--read-back", action="store_true", help="the contract allows downloading a file to hash it")
-    p.add_argument("--max-sessions", type=positive_int(64), default=4,
-                   help="sessions the partner allows at once, over every worker host (default 4)")
-    p.add_argument("--auto-retries", type=_retries, default=3,
-                   help="automatic retries of a delivery proven not to have happened for a transient reason, "
-                        "per delivery key; 0 turns them off (default 3)")
-    p.set_defaults(handler=destination_add)
-    p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
-                description="Each destination's circuit (closed, or open since when and until its next probe), "
-                            "the sessions open to it now over every worker host, the jobs waiting out a "
-                            "deferral, and the last connection error.", exits=(EXIT_NOT_FOUND,))
-    p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
-    p.set_defaults(handler=destination_status)
 
     operator = group(commands, "operator", "operator access")
     p = command(operator, "grant", help_="let an operator act for a tenant",
@@ -123,20 +77,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=contacts_generate)
 
 
-def _port(value: str) -> int:
-    return positive_int(65535)(value)
-
-
-_port.__name__ = "port"
-
-
-def _retries(value: str) -> int:
-    return 0 if value.strip() == "0" else positive_int(20)(value)
-
-
-_retries.__name__ = "retries"
-
-
 def db_migrate(ctx: Context, args: argparse.Namespace) -> int:
     applied = migrate(ctx.database().owner)
     emit(ctx, "schema applied" if applied else "schema already up to date", {"applied": applied})
@@ -160,64 +100,6 @@ def tenant_add(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.connection() as conn:
         directory.add_tenant(conn, tenant_id=tenant_id, name=args.name)
     emit(ctx, f"tenant {args.name!r} added: {tenant_id}", {"tenant_id": str(tenant_id), "name": args.name})
-    return EXIT_OK
-
-
-def destination_add(ctx: Context, args: argparse.Namespace) -> int:
-    try:
-        credential_ref = str(parse_credential_ref(args.credential_ref))
-    except CredentialError as exc:
-        raise bad_input(f"--credential-ref: {exc}") from None
-    if args.fetch_host_key:
-        try:
-            key = fetch_host_key(args.host, args.port, FETCH_HOST_KEY_TIMEOUT)
-        except HostKeyError as exc:
-            raise not_found(str(exc)) from None
-        line = known_hosts_line(args.host, args.port, key)
-        if not args.yes:
-            raise refused(f"{args.host}:{args.port} presents {key.get_name()} {fingerprint(key)}; "
-                          "check it with the partner and re-run with --yes to pin it",
-                          host_key=line, fingerprint=fingerprint(key))
-    else:
-        try:
-            line, key = parse_host_key(args.host_key, args.host, args.port)
-        except HostKeyError as exc:
-            raise bad_input(f"--host-key: {exc}") from None
-    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
-    destination_id = uuid.uuid4()
-    new = directory.NewDestination(
-        tenant_id=tenant.id, name=args.name, host=args.host, port=args.port, username=args.username,
-        remote_dir=args.remote_dir, host_key=line, credential_ref=credential_ref, remote_hash=args.remote_hash,
-        acknowledgments=args.acknowledgments, name_and_size_identify=args.name_and_size_identify,
-        read_back=args.read_back, max_sessions=args.max_sessions, auto_retries=args.auto_retries)
-    with ctx.connection() as conn:
-        added = directory.add_destination(conn, destination_id=destination_id, destination=new)
-        if added is directory.AddResult.UNKNOWN_TENANT:
-            raise not_found(f"no tenant {tenant.id}")
-    emit(ctx, f"destination {args.name!r} added to tenant {tenant.name!r}: {destination_id}\n"
-              f"  pinned host key {key.get_name()} {fingerprint(key)}",
-         {"destination_id": str(destination_id), "tenant_id": str(tenant.id), "host_key": line,
-          "fingerprint": fingerprint(key)})
-    return EXIT_OK
-
-
-STATUS_HEADERS = ["tenant", "destination", "host", "circuit", "next probe", "failures", "sessions", "deferred",
-                  "retries", "last error"]
-
-
-def destination_status(ctx: Context, args: argparse.Namespace) -> int:
-    tenant = cli_lookup.tenant(ctx.views(), args.tenant) if args.tenant else None
-    with ctx.connection() as conn:
-        found = partner.statuses(conn, tenant_id=tenant.id if tenant else None)
-    rows = [[d.tenant_name, d.name, f"{d.host}:{d.port}", d.state + ("" if d.active else " (inactive)"),
-             d.next_probe_at, d.failures or 0, f"{d.sessions_in_use}/{d.max_sessions}", d.deferred_jobs,
-             d.auto_retries or "off", d.last_error] for d in found]
-    data = [{"destination_id": d.id, "tenant": d.tenant_name, "name": d.name, "host": d.host, "port": d.port,
-             "active": d.active, "circuit": d.state, "opened_at": d.opened_at, "next_probe_at": d.next_probe_at,
-             "failures": d.failures or 0, "sessions_in_use": d.sessions_in_use, "max_sessions": d.max_sessions,
-             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.last_error}
-            for d in found]
-    emit(ctx, table(STATUS_HEADERS, rows) if found else "no destinations", data)
     return EXIT_OK
 
 

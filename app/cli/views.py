@@ -84,7 +84,8 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
         lease = f"  lease until {job.lease_expires_at}" if job.lease_expires_at else ""
         lines.append(f"  attempt {job.attempt_id} by {job.claimed_by}{lease}")
     if job.expected_file_name:
-        lines.append(f"  expected file {job.expected_file_name}  {job.expected_file_bytes} bytes")
+        built_with = f"  built with profile v{job.expected_profile_version}" if job.expected_profile_version else ""
+        lines.append(f"  expected file {job.expected_file_name}  {job.expected_file_bytes} bytes{built_with}")
     if job.deferrals:
         lines.append(f"  deferred {job.deferrals} times since {job.deferred_since:%Y-%m-%d %H:%M:%S}"
                      f" (partner unavailable), last: {printable(job.last_deferral or '', 200)}")

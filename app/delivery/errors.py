@@ -17,6 +17,11 @@ class InvalidDestination(DestinationError):
     timeout that is not positive, a session limit): no delivery can be made to it as configured."""
 
 
+class ProfileError(InvalidDestination):
+    """Raised when a delivery profile cannot be used: an unknown column, a bad file name template, a
+    delimiter or a time zone that is not one. The message is one line that says what to change."""
+
+
 class CredentialError(DestinationError):
     """Raised when a credential reference is malformed or cannot be resolved. The message names the
     reference's kind and target at most, never the secret, and never a malformed reference (which

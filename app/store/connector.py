@@ -43,9 +43,13 @@ class Catalog:
         return cast("list[dict[str, Any]]", conn.execute(self.text(name), params).fetchall())
 
     @contextmanager
-    def copy(self, conn: psycopg.Connection, name: str, params: Params = None) -> Iterator[psycopg.Copy]:
-        """A ``COPY ... FROM STDIN`` or ``TO STDOUT`` statement, open for writing or reading rows."""
-        with conn.cursor() as cur, cur.copy(self.text(name), params) as copied:
+    def copy(self, conn: psycopg.Connection, name: str, params: Params = None,
+             parts: Mapping[str, sql.Composable] | None = None) -> Iterator[psycopg.Copy]:
+        """A ``COPY ... FROM STDIN`` or ``TO STDOUT`` statement, open for writing or reading rows. COPY
+        binds no parameters server-side, so what a statement leaves open (``{columns}``) is ``parts``:
+        identifiers and literals composed by psycopg, never text."""
+        query: str | sql.Composed = self.text(name) if parts is None else sql.SQL(self.text(name)).format(**parts)
+        with conn.cursor() as cur, cur.copy(query, params) as copied:
             yield copied
 
 

@@ -9,10 +9,12 @@ import enum
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from app.store import connector, errors
 from app.store.errors import StoreError, Violation
@@ -30,6 +32,10 @@ class NewDestination:
     host_key: str
     #: ``env:NAME``, ``keyfile:/path`` or ``env-keyfile:NAME``: where the secret is, never the secret.
     credential_ref: str
+    #: The delivery profile's first version, whole (``app.delivery.profile.Profile.to_json``).
+    profile: Mapping[str, Any]
+    #: Who added it: the profile's first version records it.
+    created_by: str
     remote_hash: bool = False
     acknowledgments: bool = False
     name_and_size_identify: bool = False
@@ -69,9 +75,10 @@ def add_tenant(conn: psycopg.Connection, *, tenant_id: UUID, name: str) -> None:
 
 
 def add_destination(conn: psycopg.Connection, *, destination_id: UUID, destination: NewDestination) -> AddResult:
-    params = dict(destination_id=destination_id, **destination.__dict__)
+    params = {**destination.__dict__, "destination_id": destination_id, "profile": Jsonb(dict(destination.profile))}
     try:
-        rows = connector.execute(conn, "directory_add_destination", params)
+        with conn.transaction():   # the deferred check that the profile exists runs at this commit
+            rows = connector.execute(conn, "directory_add_destination", params)
     except psycopg.IntegrityError as exc:
         if errors.violation(exc) is Violation.UNKNOWN_TENANT:
             return AddResult.UNKNOWN_TENANT
@@ -102,6 +109,39 @@ def copy_contacts(conn: psycopg.Connection, *, tenant_id: UUID, contacts: Iterab
                             contact.consent, json.dumps(dict(contact.attributes))))
             count += 1
     return count
+
+
+class ProfileEdit(enum.Enum):
+    EDITED = "Edited"
+    #: Another edit committed first (or the destination is not the tenant's): nothing written.
+    STALE = "Stale"
+
+
+@dataclass(frozen=True)
+class StoredProfile:
+    version: int
+    profile: dict[str, Any]
+    created_by: str
+    created_at: datetime
+    current_version: int
+
+
+def read_profile(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID,
+                 version: int | None = None) -> StoredProfile | None:
+    """The destination's profile at ``version`` (default: the current one), if the destination is the tenant's."""
+    row = connector.fetch_one(conn, "directory_read_profile",
+                              dict(tenant_id=tenant_id, destination_id=destination_id, version=version))
+    return None if row is None else StoredProfile(**row)
+
+
+def edit_profile(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID, expected_version: int,
+                 profile: Mapping[str, Any], created_by: str) -> tuple[ProfileEdit, int | None]:
+    """Writes the profile as the next version, only over ``expected_version``; answers the new version."""
+    with conn.transaction():
+        row = connector.fetch_one(conn, "directory_edit_profile", dict(
+            tenant_id=tenant_id, destination_id=destination_id, expected_version=expected_version,
+            profile=Jsonb(dict(profile)), created_by=created_by))
+    return (ProfileEdit.STALE, None) if row is None else (ProfileEdit.EDITED, row["version"])
 
 
 def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> dict[str, Any] | None:

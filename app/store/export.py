@@ -41,8 +41,9 @@ REREAD_TIMEOUT_SECONDS = 5
 
 
 def final_name(delivery_key: str) -> str:
-    """The partner-facing file name: a function of the delivery key alone, so a replacement that
-    carries the key forward targets the same name."""
+    """The file name the default delivery profile renders for a key (``contacts-<key>.csv``). The name an
+    export delivers under is the one stored with its key when it was created (``deliveries.file_name``),
+    so a replacement, which carries the key forward, targets the same name."""
     return f"contacts-{delivery_key}.csv"
 
 
@@ -57,10 +58,13 @@ class CreateResult(enum.Enum):
 
 def create(
     conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, destination_id: UUID, delivery_key: str,
-    created_by: str,
+    created_by: str, file_name: str | None = None,
 ) -> CreateResult:
+    """Creates an original job. ``file_name`` is what its profile rendered (``app.delivery.naming``);
+    without one, the default profile's name."""
     params = dict(job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
-                  delivery_key=delivery_key, created_by=created_by)
+                  delivery_key=delivery_key, created_by=created_by,
+                  file_name=file_name if file_name is not None else final_name(delivery_key))
     try:
         with conn.transaction():
             rows = connector.fetch_all(conn, "export_create", params)
@@ -210,24 +214,28 @@ def _transitions(name: str, row: dict[str, object] | None, evidence: Sequence[st
 def try_authorize_delivery(
     conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
     replaces_job_id: UUID | None, evidence: Sequence[str] = (), observed_by: str | None = None,
+    profile_version: int | None = None,
 ) -> int:
-    """Cutoff 2, appending the evidence gathered before it (the baseline) in the same statement."""
+    """Cutoff 2, appending the evidence gathered before it (the baseline) in the same statement, and
+    recording the profile version the file was built with."""
     row = connector.fetch_one(conn, "export_authorize_delivery", dict(
         job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
         final_name=expected.name, length=expected.size, sha256=expected.sha256, evidence=list(evidence),
-        observed_by=observed_by))
+        observed_by=observed_by, profile_version=profile_version))
     return _transitions("export_authorize_delivery", row, evidence)
 
 
 def authorize_delivery(
     db: Database, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
     replaces_job_id: UUID | None, evidence: Sequence[str] = (), observed_by: str | None = None,
+    profile_version: int | None = None,
 ) -> AuthorizationResult:
     """Cutoff 2. On 0 or a lost response, the re-read says why delivery was refused. Authorized means the
     evidence was appended too (the same statement committed)."""
     inserted = _attempt(db, lambda conn: try_authorize_delivery(
         conn, job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, expected=expected,
-        replaces_job_id=replaces_job_id, evidence=evidence, observed_by=observed_by))
+        replaces_job_id=replaces_job_id, evidence=evidence, observed_by=observed_by,
+        profile_version=profile_version))
     if inserted == 1:
         return AuthorizationResult.AUTHORIZED
     row = _reread(db, job_id)

@@ -37,9 +37,23 @@ class Destination(peewee.Model):
     created_at = peewee.DateTimeField()
     max_sessions = peewee.IntegerField()
     auto_retries = peewee.IntegerField()
+    profile_version = peewee.IntegerField()
+    file_sequence = peewee.BigIntegerField()
 
     class Meta:
         table_name = "destinations"
+
+
+class DeliveryProfile(peewee.Model):
+    destination_id = peewee.UUIDField()
+    version = peewee.IntegerField()
+    profile = peewee.TextField()   # jsonb; read through app.store.directory, which decodes it
+    created_by = peewee.TextField()
+    created_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "delivery_profiles"
+        primary_key = peewee.CompositeKey("destination_id", "version")
 
 
 class Contact(peewee.Model):
@@ -95,6 +109,7 @@ class ExportJob(peewee.Model):
     deferrals = peewee.IntegerField()
     deferred_since = peewee.DateTimeField(null=True)
     last_deferral = peewee.TextField(null=True)
+    expected_profile_version = peewee.IntegerField(null=True)
 
     class Meta:
         table_name = "export_jobs"
@@ -104,6 +119,7 @@ class Delivery(peewee.Model):
     tenant_id = peewee.UUIDField()
     delivery_key = peewee.TextField()
     original_job_id = peewee.UUIDField()
+    file_name = peewee.TextField()
 
     class Meta:
         table_name = "deliveries"

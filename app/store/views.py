@@ -83,6 +83,8 @@ class Job:
     deferrals: int
     deferred_since: datetime | None
     last_deferral: str | None
+    #: Recorded at cutoff 2: the delivery profile version the file was built with.
+    expected_profile_version: int | None
 
 
 @dataclass(frozen=True)

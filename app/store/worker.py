@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 
 from app.store import connector
 from app.store.partner import Circuit
@@ -35,6 +35,8 @@ class JobView:
     version: int
     destination_id: UUID
     delivery_key: str
+    #: The partner-facing name the key delivers under, rendered when the original was created.
+    file_name: str
     replaces_job_id: UUID | None
     overwrite_agreement_ref: str | None
     #: How often the job was deferred, and seconds since its first deferral (None: never deferred).
@@ -47,6 +49,9 @@ class JobView:
     #: A replacement's original's expected file; None for an original job, or an original that never
     #: reached cutoff 2 (then nothing can identify a file as its delivery).
     original_expected: ExpectedFile | None = None
+    #: The destination's current delivery profile and its version (None when the destination is not found).
+    profile: dict[str, Any] | None = field(default=None, compare=False)
+    profile_version: int | None = None
 
 
 def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
@@ -62,7 +67,7 @@ def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
         original = ExpectedFile(row["original_file_name"], row["original_file_bytes"],
                                 bytes(row["original_file_sha256"]))
     return JobView(id=row["id"], tenant_id=row["tenant_id"], status=Status(row["status"]), version=row["version"],
-                   destination_id=row["destination_id"], delivery_key=row["delivery_key"],
+                   destination_id=row["destination_id"], delivery_key=row["delivery_key"], file_name=row["file_name"],
                    replaces_job_id=row["replaces_job_id"], overwrite_agreement_ref=row["overwrite_agreement_ref"],
                    deferrals=row["deferrals"], last_deferral=row["last_deferral"],
                    deferred_for_seconds=None if row["deferred_for_seconds"] is None
@@ -70,7 +75,7 @@ def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
                    destination=destination,
                    circuit=Circuit.from_row(row["circuit_state"], row["circuit_failures"], row["circuit_last_error"],
                                             row["circuit_probe_in_seconds"], row["circuit_probe_held"]),
-                   original_expected=original)
+                   original_expected=original, profile=row["profile"], profile_version=row["profile_version"])
 
 
 def confirm_stops(conn: psycopg.Connection, watched: dict[UUID, UUID]) -> list[UUID]:
@@ -80,17 +85,69 @@ def confirm_stops(conn: psycopg.Connection, watched: dict[UUID, UUID]) -> list[U
     return [r["id"] for r in rows]
 
 
+#: The contact fields a copy may name (the only identifiers it composes from outside).
+CONTACT_COLUMNS = ("email", "full_name", "company", "phone")
+#: Cells OWASP's CSV-injection guidance says a spreadsheet may evaluate: prefixed with a quote, they are text.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: A quote and a delimiter JSON text never holds unescaped (it escapes every control character).
+_JSON_QUOTE, _JSON_DELIMITER = "\x01", "\x02"
+
+
+@dataclass(frozen=True)
+class ContactsCopy:
+    """How PostgreSQL writes the partner's rows; the header, line endings and compression are the builder's."""
+
+    #: Each column's source: a name from ``CONTACT_COLUMNS``, or ``("attributes", name)`` for a custom field.
+    columns: tuple[str | tuple[str, str], ...] = CONTACT_COLUMNS
+    #: Keys of a JSON Lines object, one per column; None: CSV.
+    json_keys: tuple[str, ...] | None = None
+    delimiter: str = ","
+    quote_all: bool = False
+    neutralize_formulas: bool = False
+
+    def parts(self, limit: int | None = None) -> dict[str, sql.Composable]:
+        """What ``worker_copy_consenting_contacts`` leaves open, composed: columns, options, limit."""
+        values = [self._value(source) for source in self.columns]
+        limited = sql.SQL("") if limit is None else sql.SQL("LIMIT {}").format(sql.Literal(int(limit)))
+        if self.json_keys is not None:
+            # json (not jsonb) keeps the columns' order, and null stays null. Written as CSV with a quote and
+            # a delimiter JSON never holds, no line is ever quoted: each is the object's text as it is.
+            columns = sql.SQL("json_object(ARRAY[{}]::text[], ARRAY[{}]::text[])::text").format(
+                sql.SQL(", ").join(sql.Literal(key) for key in self.json_keys), sql.SQL(", ").join(values))
+            options = sql.SQL("FORMAT csv, QUOTE {}, DELIMITER {}, ENCODING 'UTF8'").format(
+                sql.Literal(_JSON_QUOTE), sql.Literal(_JSON_DELIMITER))
+            return {"columns": columns, "options": options, "limit": limited}
+        options = sql.SQL("FORMAT csv, DELIMITER {}, ENCODING 'UTF8'{}").format(
+            sql.Literal(self.delimiter), sql.SQL(", FORCE_QUOTE *") if self.quote_all else sql.SQL(""))
+        return {"columns": sql.SQL(", ").join(values), "options": options, "limit": limited}
+
+    def _value(self, source: str | tuple[str, str]) -> sql.Composable:
+        if isinstance(source, tuple):
+            value: sql.Composable = sql.SQL("(attributes ->> {})").format(sql.Literal(source[1]))
+        elif source in CONTACT_COLUMNS:
+            value = sql.Identifier(source)
+        else:
+            raise ValueError(f"not a contact column: {source!r}")
+        if not self.neutralize_formulas:
+            return value
+        starts = sql.SQL(", ").join(sql.Literal(c) for c in _FORMULA_STARTS)
+        return sql.SQL("CASE WHEN left({v}, 1) IN ({starts}) THEN {quote} || {v} ELSE {v} END").format(
+            v=value, starts=starts, quote=sql.Literal("'"))
+
+
 @contextmanager
-def consenting_contacts_csv(conn: psycopg.Connection, tenant_id: UUID,
-                            block_bytes: int) -> Iterator[Iterator[bytearray]]:
-    """The tenant's consenting contacts as CSV, written by PostgreSQL itself, in blocks of at least
-    ``block_bytes`` (the last one shorter), each cut at the end of a row. Raises the server's error,
-    a cancellation's too, when the COPY fails part way."""
-    with connector.copy(conn, "worker_copy_consenting_contacts", dict(tenant_id=tenant_id)):
+def consenting_contacts(conn: psycopg.Connection, tenant_id: UUID, shape: ContactsCopy, block_bytes: int,
+                        limit: int | None = None) -> Iterator[Iterator[tuple[bytearray, int]]]:
+    """The tenant's consenting contacts as ``shape`` says, written by PostgreSQL itself, in blocks of at
+    least ``block_bytes`` (the last one shorter), each cut at the end of a row and given with how many
+    rows it holds, the first ``limit`` rows only when given. Raises the server's error, a cancellation's
+    too, when the COPY fails part way."""
+    with connector.copy(conn, "worker_copy_consenting_contacts", dict(tenant_id=tenant_id),
+                        parts=shape.parts(limit)):
         yield _copy_out_blocks(conn, block_bytes)
 
 
-def _copy_out_blocks(conn: psycopg.Connection, block_bytes: int) -> Iterator[bytearray]:
+def _copy_out_blocks(conn: psycopg.Connection, block_bytes: int) -> Iterator[tuple[bytearray, int]]:
     # PostgreSQL sends COPY out one message per row, and psycopg's Copy.read() spends a wait and two
     # generators on each: at 60-byte contacts that was half the builder's time. libpq, asked without
     # waiting, hands out the rows it already holds; only when it holds none does this wait for the
@@ -100,13 +157,15 @@ def _copy_out_blocks(conn: psycopg.Connection, block_bytes: int) -> Iterator[byt
     readable = select.poll()
     readable.register(pgconn.socket, select.POLLIN)
     block = bytearray()
+    rows = 0
     while True:
         nbytes, row = pgconn.get_copy_data(1)
         if nbytes > 0:
             block += row
+            rows += 1
             if len(block) >= block_bytes:
-                yield block
-                block = bytearray()
+                yield block, rows
+                block, rows = bytearray(), 0
         elif nbytes == 0:
             readable.poll()
             pgconn.consume_input()
@@ -114,7 +173,7 @@ def _copy_out_blocks(conn: psycopg.Connection, block_bytes: int) -> Iterator[byt
             break
     _finish_copy_out(conn, readable)
     if block:
-        yield block
+        yield block, rows
 
 
 def _finish_copy_out(conn: psycopg.Connection, readable: select.poll) -> None:

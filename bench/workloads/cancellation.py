@@ -50,7 +50,7 @@ def seed_jobs(url: str, numbers: str) -> uuid.UUID:
             conn.execute(
                 f"""
                 WITH ids AS (SELECT md5('q' || i)::uuid AS id, 'k' || i AS key FROM ({numbers}) AS n (i)),
-                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
+                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id, 'contacts-' || key || '.csv' FROM ids)
                 INSERT INTO export_jobs
                     (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
                 SELECT id, %(tenant)s, 'Queued', 1, %(dest)s, key, 'bench', clock_timestamp() FROM ids

@@ -39,7 +39,7 @@ def seed_running(url: str, attempts: int) -> None:
                 """
                 WITH ids AS (SELECT md5('j' || i)::uuid AS id, md5('a' || i)::uuid AS attempt, 'k' || i AS key
                              FROM generate_series(1, %(n)s) i),
-                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
+                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id, 'contacts-' || key || '.csv' FROM ids)
                 INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by,
                                          woken_at, attempt_id, attempt_count, claimed_by, lease_expires_at)
                 SELECT id, %(tenant)s, 'Running', 1, %(dest)s, key, 'bench', clock_timestamp(), attempt, 1, 'bench',

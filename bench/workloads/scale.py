@@ -44,7 +44,7 @@ def seed(url: str, jobs: int, due: int) -> None:
             conn.execute(
                 """
                 WITH ids AS (SELECT i, md5('job' || i)::uuid AS id, 'k' || i AS key FROM generate_series(1, %(n)s) i),
-                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids),
+                d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id, 'contacts-' || key || '.csv' FROM ids),
                 shaped AS (
                     SELECT i, id, key,
                            CASE WHEN i <= %(due)s THEN 'Running' WHEN i <= 2 * %(due)s THEN 'Queued'

@@ -41,7 +41,7 @@ def seed(url: str) -> None:
                     """
                     WITH ids AS (SELECT i, md5(%(t)s || 'job' || i)::uuid AS id, %(t)s || 'k' || i AS key
                                  FROM generate_series(1, %(n)s) i),
-                    d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id FROM ids)
+                    d AS (INSERT INTO deliveries SELECT %(tenant)s, key, id, 'contacts-' || key || '.csv' FROM ids)
                     INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key,
                                              created_by, woken_at, created_at, failure_reason)
                     SELECT id, %(tenant)s,

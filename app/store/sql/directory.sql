@@ -7,14 +7,40 @@ INSERT INTO tenants (id, name) VALUES (%(tenant_id)s, %(name)s)
 RETURNING id;
 
 -- name: directory_add_destination
--- The destination holds a reference to its credential (env:NAME, keyfile:/path), never the secret.
-INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref,
-                          remote_hash, acknowledgments, name_and_size_identify, read_back, max_sessions,
-                          auto_retries)
-VALUES (%(destination_id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(remote_dir)s,
-        %(host_key)s, %(credential_ref)s, %(remote_hash)s, %(acknowledgments)s, %(name_and_size_identify)s,
-        %(read_back)s, %(max_sessions)s, %(auto_retries)s)
-RETURNING id;
+-- The destination holds a reference to its credential (env:NAME, keyfile:/path), never the secret; and
+-- its delivery profile's first version, in the same statement (each row names the other).
+WITH destination AS (
+    INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref,
+                              remote_hash, acknowledgments, name_and_size_identify, read_back, max_sessions,
+                              auto_retries, profile_version)
+    VALUES (%(destination_id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(remote_dir)s,
+            %(host_key)s, %(credential_ref)s, %(remote_hash)s, %(acknowledgments)s, %(name_and_size_identify)s,
+            %(read_back)s, %(max_sessions)s, %(auto_retries)s, 1)
+    RETURNING id)
+INSERT INTO delivery_profiles (destination_id, version, profile, created_by)
+SELECT id, 1, %(profile)s, %(created_by)s FROM destination
+RETURNING destination_id;
+
+-- name: directory_edit_profile
+-- A new version of the destination's delivery profile, only over the version the editor read: of two
+-- edits from the same version one commits, and the other matches no row (the destination's row lock
+-- makes it wait, then re-check). Exports already running keep the version they read with their job.
+WITH current AS (
+    UPDATE destinations SET profile_version = profile_version + 1
+    WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND profile_version = %(expected_version)s
+    RETURNING id, profile_version)
+INSERT INTO delivery_profiles (destination_id, version, profile, created_by)
+SELECT id, profile_version, %(profile)s, %(created_by)s FROM current
+RETURNING version;
+
+-- name: directory_read_profile
+-- A destination's delivery profile at a version (its current one when none is asked), only if the
+-- destination belongs to the tenant.
+SELECT p.version, p.profile, p.created_by, p.created_at, d.profile_version AS current_version
+FROM destinations d
+JOIN delivery_profiles p ON p.destination_id = d.id
+ AND p.version = coalesce(%(version)s::int, d.profile_version)
+WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
 -- name: directory_grant_operator
 -- A second grant of the same pair changes nothing: access is widened or narrowed by no statement here,

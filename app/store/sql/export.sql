@@ -4,10 +4,11 @@
 -- transition happened.
 
 -- name: export_create
--- An original job, its deliveries row (the key's owner) and its first wake-up, together or not at all.
+-- An original job, its deliveries row (the key's owner, with the file name it delivers under) and its
+-- first wake-up, together or not at all.
 WITH delivery AS (
-    INSERT INTO deliveries (tenant_id, delivery_key, original_job_id)
-    VALUES (%(tenant_id)s, %(delivery_key)s, %(job_id)s)),
+    INSERT INTO deliveries (tenant_id, delivery_key, original_job_id, file_name)
+    VALUES (%(tenant_id)s, %(delivery_key)s, %(job_id)s, %(file_name)s)),
 created AS (
     INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
     VALUES (%(job_id)s, %(tenant_id)s, 'Queued', 1, %(destination_id)s, %(delivery_key)s, %(created_by)s,
@@ -91,7 +92,7 @@ authorized AS (
     UPDATE export_jobs
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
-        delivery_authorized_at = clock_timestamp()
+        expected_profile_version = %(profile_version)s, delivery_authorized_at = clock_timestamp()
     WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL
       AND lease_expires_at > clock_timestamp()

@@ -6,8 +6,11 @@
 -- been deferred, for the next backoff and the deferral budget; its destination, only if it belongs to
 -- the job's tenant (no row: the policy refuses it); the destination's circuit (no row: closed); and for a
 -- replacement its original as cutoff 2 recorded it, what a file under the shared final name must match to
--- be identified as the original's delivery (final: the original ended before the replacement was made).
+-- be identified as the original's delivery (final: the original ended before the replacement was made);
+-- the file name the key delivers under, and the destination's current delivery profile, which the
+-- attempt builds with from its first byte to its last, whatever edit commits meanwhile.
 SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.delivery_key, j.replaces_job_id,
+       k.file_name, p.version AS profile_version, p.profile,
        j.overwrite_agreement_ref, j.deferrals,
        extract(epoch FROM clock_timestamp() - j.deferred_since) AS deferred_for_seconds, j.last_deferral,
        d.id AS destination_found, d.host, d.port, d.username, d.remote_dir, d.host_key, d.credential_ref,
@@ -19,7 +22,9 @@ SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.delivery_key,
        o.expected_file_name AS original_file_name, o.expected_file_bytes AS original_file_bytes,
        o.expected_file_sha256 AS original_file_sha256
 FROM export_jobs j
+JOIN deliveries k ON k.tenant_id = j.tenant_id AND k.delivery_key = j.delivery_key
 LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
+LEFT JOIN delivery_profiles p ON p.destination_id = d.id AND p.version = d.profile_version
 LEFT JOIN destination_circuits c ON c.destination_id = j.destination_id
 LEFT JOIN export_jobs o ON o.tenant_id = j.tenant_id AND o.id = j.replaces_job_id
 WHERE j.id = %(job_id)s;
@@ -33,8 +38,10 @@ JOIN unnest(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS w (job_id, attempt_
 WHERE j.status = 'Running' AND j.stop_request_id IS NOT NULL;
 
 -- name: worker_copy_consenting_contacts
--- PostgreSQL writes the CSV itself. COPY takes no server-side parameters, so psycopg binds the
--- tenant id client-side as a quoted literal.
-COPY (SELECT email, full_name, company, phone FROM contacts
-      WHERE tenant_id = %(tenant_id)s AND consent ORDER BY id)
-TO STDOUT WITH (FORMAT csv, HEADER true, ENCODING 'UTF8');
+-- PostgreSQL writes the partner's rows itself. What the profile chooses is composed in by
+-- app.store.worker.ContactsCopy (psycopg identifiers and literals, never text): the columns (contact
+-- fields and custom fields), the options (CSV's delimiter and quoting) and, for a preview, a limit.
+-- COPY takes no server-side parameters, so psycopg binds the tenant id client-side as a quoted literal.
+COPY (SELECT {columns} FROM contacts
+      WHERE tenant_id = %(tenant_id)s AND consent ORDER BY id {limit})
+TO STDOUT WITH ({options});

@@ -54,10 +54,9 @@ from uuid import UUID
 import psycopg
 
 from app.maintenance.scavenger import EXPORT_FILE
-from app.store.export import final_name
 from app.store.types import CancellationOutcome, EventKind, Status
 from exports_devtools.chaos.history import as_history, job_history
-from exports_devtools.chaos.partner import FINAL_FILE, Partner
+from exports_devtools.chaos.partner import Partner
 from exports_devtools.chaos.record import Ledger, Violation
 from exports_devtools.chaos.replay import TRANSITIONS, replay_problems, status_word
 from exports_devtools.store import chaos as store
@@ -119,7 +118,7 @@ class _Judge:
 
     def final_files(self) -> None:
         for key, jobs in self.by_key.items():
-            name = final_name(key)
+            name = jobs[0]["file_name"]   # kept with the key: every job of it delivers under this one name
             present = self.partner.files(name)
             renames = self.renames.get(name, 0)
             completed = [j for j in jobs if j["status"] == Status.COMPLETED]
@@ -142,10 +141,10 @@ class _Judge:
                               f"(statuses {[j['status'] for j in jobs]})")
             for job in completed:
                 self.completed_file(job, jobs)
+        names = {jobs[0]["file_name"] for jobs in self.by_key.values()}
         for relative in self.partner.final_names():
-            match = FINAL_FILE.match(relative.rsplit("/", 1)[-1])
-            if match and match["key"] not in self.by_key:
-                self.flag("unaccounted-final-file", None, f"{relative} exists and no job has key {match['key']!r}")
+            if relative.rsplit("/", 1)[-1] not in names:
+                self.flag("unaccounted-final-file", None, f"{relative} exists and no job delivers under its name")
 
     def completed_file(self, job: Row, jobs: list[Row]) -> None:
         overwritten = any(
@@ -153,7 +152,7 @@ class _Judge:
             and later["created_at"] > job["created_at"] for later in jobs)
         if overwritten:
             return
-        name = final_name(job["delivery_key"])
+        name = job["file_name"]
         directory = job["remote_dir"] or self.default_dir
         present = self.partner.file(directory, name)
         expected_name, size, sha = job["expected_file_name"], job["expected_file_bytes"], job["expected_file_sha256"]

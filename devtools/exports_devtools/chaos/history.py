@@ -12,7 +12,6 @@ from uuid import UUID
 
 import psycopg
 
-from app.store.export import final_name
 from exports_devtools.chaos.partner import Partner
 from exports_devtools.store import chaos as store
 
@@ -39,7 +38,7 @@ def as_history(row: Row | None, events: Sequence[Row], outbox: Sequence[Row], ca
                partner: Partner, default_dir: str) -> dict[str, Any]:
     own = elsewhere = None
     if row is not None:
-        name = final_name(row["delivery_key"])
+        name = row["file_name"]
         own = partner.file(row["remote_dir"] or default_dir, name)
         elsewhere = [f.as_json() for f in partner.files(name) if f != own]
     return _jsonable({"row": row, "events": list(events), "outbox": list(outbox),

@@ -4,13 +4,12 @@ directory, hashed once each, and the pattern of a final file's name."""
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FINAL_FILE = re.compile(r"^contacts-(?P<key>.+)\.csv$")
+from app.delivery.listing import ACK_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class Partner:
             path = self.root / directory
             if path.is_dir():
                 found += [self.relative(directory, p.name) for p in path.iterdir()
-                          if FINAL_FILE.match(p.name) and p.is_file()]
+                          if not p.name.startswith(".") and not p.name.endswith(ACK_SUFFIX) and p.is_file()]
         return sorted(found)
 
 

@@ -17,7 +17,6 @@ from app import metrics
 from app.actors.builder import CHUNK_BYTES, BuildFailed, BuildStopped, ContactsBuilder, file_name
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
-from app.store import connector
 from exports_devtools.waiting import wait_until
 from tests.fixtures.worker import insert_contacts
 from tests.support import Background
@@ -155,9 +154,11 @@ def test_a_build_whose_stop_is_already_set_does_not_query_at_all(db_url, tenants
 
 
 def _row_by_row(conn, tenant_id) -> bytes:
-    """The builder's statement read as psycopg hands COPY out, one row per read: what the builder wrote
-    before it read blocks."""
-    with connector.copy(conn, "worker_copy_consenting_contacts", dict(tenant_id=tenant_id)) as copied:
+    """The file before delivery profiles, read as psycopg hands COPY out, one row per read: PostgreSQL's
+    own CSV with its header. The default profile must deliver exactly these bytes."""
+    with conn.cursor() as cur, cur.copy(
+            "COPY (SELECT email, full_name, company, phone FROM contacts WHERE tenant_id = %s AND consent"
+            " ORDER BY id) TO STDOUT WITH (FORMAT csv, HEADER true, ENCODING 'UTF8')", (tenant_id,)) as copied:
         return b"".join(bytes(row) for row in copied)
 
 

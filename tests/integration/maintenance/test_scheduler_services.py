@@ -31,7 +31,7 @@ from app.store.database import Database
 from app.store.recovery import ExpiredAttempt
 from app.store.types import CancellationOutcome, Role, Status
 from exports_devtools.waiting import wait_until
-from tests.factories import Job
+from tests.factories import DEFAULT_PROFILE_ROW, Job
 from tests.factories_more import States
 
 MAX_ATTEMPTS = 3
@@ -524,8 +524,9 @@ def destination_row(conn, tenant_id, peer) -> uuid.UUID:
     destination_id = uuid.uuid4()
     c = peer.config
     conn.execute(
-        "INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref)"
-        " VALUES (%s, %s, 'embedded partner', %s, %s, %s, %s, %s, %s)",
+        "WITH d AS (INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key,"
+        " credential_ref) VALUES (%s, %s, 'embedded partner', %s, %s, %s, %s, %s, %s) RETURNING id)"
+        + DEFAULT_PROFILE_ROW,
         (destination_id, tenant_id, c.host, c.port, c.username, c.remote_dir, c.host_key, c.credential_ref))
     return destination_id
 

@@ -108,8 +108,8 @@ def test_a_second_delivery_row_inserted_directly_for_a_taken_key_is_refused_by_p
     first = seed.queued()
 
     with pytest.raises(pg.UniqueViolation) as refused:
-        admin.execute("INSERT INTO deliveries (tenant_id, delivery_key, original_job_id) VALUES (%s, %s, %s)",
-                      (first.tenant_id, first.delivery_key, uuid.uuid4()))
+        admin.execute("INSERT INTO deliveries (tenant_id, delivery_key, original_job_id, file_name)"
+                      " VALUES (%s, %s, %s, 'other.csv')", (first.tenant_id, first.delivery_key, uuid.uuid4()))
 
     assert refused.value.diag.constraint_name == "pk_deliveries"
     assert [d["original_job_id"] for d in _deliveries(admin, first.tenant_id, first.delivery_key)] == [first.id]

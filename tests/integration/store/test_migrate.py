@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from app.store import connector, migrate
+from tests.factories import DEFAULT_PROFILE_ROW
 from tests.support import unavailable
 
 #: Lines a dump of the same schema may differ by. pg_dump 15.14, 16.10 and 17.6 and later open and close
@@ -202,13 +203,14 @@ def history(admin):
     statements cannot make), then analysed."""
     tenant, destination = uuid.uuid4(), uuid.uuid4()
     admin.execute("INSERT INTO tenants (id, name) VALUES (%s, 'history')", (tenant,))
-    admin.execute("INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key,"
-                  " credential_ref) VALUES (%s, %s, 'd', 'h', 22, 'u', '/in', 'h ssh-ed25519 AAAA', 'env:X')",
-                  (destination, tenant))
+    admin.execute("WITH d AS (INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir,"
+                  " host_key, credential_ref) VALUES (%s, %s, 'd', 'h', 22, 'u', '/in', 'h ssh-ed25519 AAAA', 'env:X')"
+                  " RETURNING id)" + DEFAULT_PROFILE_ROW, (destination, tenant))
     with admin.transaction():
         admin.execute("""
-            INSERT INTO deliveries (tenant_id, delivery_key, original_job_id)
-            SELECT %(tenant)s, 'k' || n, md5('job' || n)::uuid FROM generate_series(1, %(jobs)s) AS n""",
+            INSERT INTO deliveries (tenant_id, delivery_key, original_job_id, file_name)
+            SELECT %(tenant)s, 'k' || n, md5('job' || n)::uuid, 'k' || n || '.csv'
+            FROM generate_series(1, %(jobs)s) AS n""",
                       dict(tenant=tenant, jobs=JOBS))
         admin.execute("""
             INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by,

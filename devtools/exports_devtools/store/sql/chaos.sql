@@ -7,14 +7,16 @@
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: chaos_jobs
--- Every job, or the one job_id names, with the directory of its destination, where its final file is put.
+-- Every job, or the one job_id names, with the directory of its destination, where its final file is put,
+-- and the file name kept with its delivery key.
 SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j.attempt_count, j.claimed_by,
        j.lease_expires_at, j.stop_request_id, j.cancellation_request_id, j.expected_file_name,
        j.expected_file_bytes, j.expected_file_sha256, j.delivery_authorized_at, j.woken_at, j.failure_reason,
        j.delivery_key, j.replaces_job_id, j.created_by, j.replacement_reason, j.overwrite_agreement_ref,
-       j.sweep_count, j.created_at, j.deferrals, j.deferred_since, j.last_deferral,
-       d.remote_dir
+       j.sweep_count, j.created_at, j.deferrals, j.deferred_since, j.last_deferral, j.expected_profile_version,
+       d.remote_dir, k.file_name
 FROM export_jobs j
+JOIN deliveries k ON k.tenant_id = j.tenant_id AND k.delivery_key = j.delivery_key
 LEFT JOIN destinations d ON d.id = j.destination_id
 WHERE %(job_id)s::uuid IS NULL OR j.id = %(job_id)s::uuid
 ORDER BY j.created_at, j.id;

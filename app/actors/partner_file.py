@@ -1,0 +1,104 @@
+"""The partner's file as its delivery profile shapes it: the rows PostgreSQL writes, then what the profile
+adds around them (a byte order mark, a header line, CRLF line endings) and the compression.
+
+``plaintext`` is the file before compression, block by block: the build writes it through a ``Sink``,
+and ``exports preview`` prints its first rows as they are. Memory stays flat: one block at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+from uuid import UUID
+
+import psycopg
+
+from app.delivery.profile import Compression, Format, LineEnding, Profile, Quoting
+from app.store import worker as worker_reads
+
+BOM = b"\xef\xbb\xbf"
+#: gzip's own default, what ``gzip`` on the command line does: a partner's tools expect its ratio.
+GZIP_LEVEL = 6
+
+
+def copy_shape(profile: Profile) -> worker_reads.ContactsCopy:
+    sources = tuple(("attributes", c.attribute) if c.attribute is not None else c.source for c in profile.columns)
+    if profile.format is Format.JSONL:
+        return worker_reads.ContactsCopy(sources, json_keys=tuple(c.header for c in profile.columns))
+    return worker_reads.ContactsCopy(sources, delimiter=profile.delimiter, quote_all=profile.quoting is Quoting.ALL,
+                                     neutralize_formulas=profile.neutralize_formulas)
+
+
+def preamble(profile: Profile) -> bytes:
+    """What comes before the first row: the BOM, and the header line (quoted as the rows are)."""
+    head = BOM if profile.bom else b""
+    if profile.format is Format.CSV and profile.header:
+        line = io.StringIO()
+        csv.writer(line, delimiter=profile.delimiter, lineterminator=_newline(profile).decode(),
+                   quoting=csv.QUOTE_ALL if profile.quoting is Quoting.ALL else csv.QUOTE_MINIMAL,
+                   ).writerow([c.header for c in profile.columns])
+        head += line.getvalue().encode("utf-8")
+    return head
+
+
+def plaintext(conn: psycopg.Connection, tenant_id: UUID, profile: Profile, block_bytes: int,
+              limit: int | None = None) -> Iterator[tuple[bytes | bytearray, int]]:
+    """The file before compression, in blocks of about ``block_bytes``, each with how many rows it holds.
+    The first block carries the preamble (an empty tenant still gets its header)."""
+    crlf = profile.line_ending is LineEnding.CRLF
+    jsonl = profile.format is Format.JSONL
+    head = preamble(profile)
+    with worker_reads.consenting_contacts(conn, tenant_id, copy_shape(profile), block_bytes, limit=limit) as blocks:
+        for block, rows in blocks:
+            data: bytes | bytearray = block
+            if crlf:
+                data = bytes(block).replace(b"\n", b"\r\n") if jsonl else _crlf_lines(block)
+            if head:
+                data, head = head + data, b""
+            yield data, rows
+    if head:
+        yield head, 0
+
+
+def _newline(profile: Profile) -> bytes:
+    return b"\r\n" if profile.line_ending is LineEnding.CRLF else b"\n"
+
+
+def _crlf_lines(block: bytearray) -> bytes:
+    """CSV rows ended with CRLF instead of LF; a line break inside a quoted field stays as the data has it.
+    A block starts at a row's start, outside quotes, and PostgreSQL doubles a quote inside a field, so
+    the text between the n-th and n+1-th quote is outside a field exactly when n is even."""
+    if b'"' not in block:
+        return bytes(block).replace(b"\n", b"\r\n")
+    parts = bytes(block).split(b'"')
+    parts[::2] = [part.replace(b"\n", b"\r\n") for part in parts[::2]]
+    return b'"'.join(parts)
+
+
+class Sink:
+    """Writes the file: compressed as the profile says, sized and hashed as it goes (what cutoff 2
+    records is the file the partner receives, compression and all)."""
+
+    def __init__(self, out: BinaryIO, compression: Compression) -> None:
+        self.out = out
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31) if compression is Compression.GZIP \
+            else None
+
+    def write(self, data: bytes | bytearray) -> None:
+        self._put(self._compressor.compress(data) if self._compressor is not None else data)
+
+    def finish(self) -> None:
+        if self._compressor is not None:
+            self._put(self._compressor.flush())
+
+    def _put(self, data: bytes | bytearray) -> None:
+        if data:
+            self.out.write(data)
+            self.digest.update(data)
+            self.size += len(data)

@@ -1,0 +1,384 @@
+"""Partner destinations (add, edit, show, status) and ``exports preview``: their parsers and handlers.
+
+A destination is an SFTP endpoint with its pinned host key, and a delivery profile that says what the
+partner receives. ``destination add`` sets both; ``destination edit`` writes a new profile version
+over the one it read; ``exports preview`` prints the first rows as the partner would receive them,
+before compression, and writes nothing. These are for administrators; no operator grant is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from app.actors import partner_file
+from app.cli import lookup as cli_lookup
+from app.cli.common import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    Context,
+    Exit,
+    bad_input,
+    command,
+    group,
+    name,
+    not_found,
+    positive_int,
+    refused,
+    text,
+)
+from app.cli.output import emit, table
+from app.delivery.credentials import parse_credential_ref
+from app.delivery.errors import CredentialError, HostKeyError, ProfileError
+from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
+from app.delivery.profile import Column, Compression, Format, LineEnding, Profile, Quoting
+from app.store import directory, partner
+
+#: Seconds to wait for a server's host key with --fetch-host-key.
+FETCH_HOST_KEY_TIMEOUT = 10.0
+#: What ``destination add``'s own answers mean: a fetched key is only shown until --yes pins it.
+DESTINATION_ADD_EXITS = (
+    Exit(EXIT_NOT_FOUND, "not found: no such tenant, or the server gave no host key to fetch"),
+    Exit(EXIT_REFUSED, "refused: the fetched host key is shown, not pinned, without --yes"),
+)
+DESTINATION_EDIT_EXITS = (
+    EXIT_NOT_FOUND,
+    Exit(EXIT_REFUSED, "refused: another edit of this destination's profile committed first; nothing written"),
+)
+#: Rows ``exports preview`` prints unless told otherwise, and at most.
+PREVIEW_ROWS = 10
+MAX_PREVIEW_ROWS = 10_000
+_ON_OFF = {"on": True, "off": False}
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    destination = group(commands, "destination", "partner SFTP destinations and what they receive")
+    p = command(destination, "add", help_="add a tenant's partner destination, its host key pinned",
+                description="Add a partner SFTP destination. The host key is pinned from --host-key (one known_hosts "
+                            "line), or fetched once with --fetch-host-key and pinned only with --yes. The credential "
+                            "is a reference (env:VAR or keyfile:/path), never the secret. The delivery profile "
+                            "options say what the partner receives; without them, the four contact columns as CSV "
+                            "named contacts-<delivery key>.csv.",
+                exits=DESTINATION_ADD_EXITS)
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--name", required=True, type=name)
+    p.add_argument("--host", required=True, type=text(255))
+    p.add_argument("--port", type=_port, default=22)
+    p.add_argument("--username", required=True, type=text(255))
+    p.add_argument("--remote-dir", required=True, type=text(1024))
+    p.add_argument("--credential-ref", required=True, type=text(1024), help="env:VAR, keyfile:/path or env-keyfile:VAR")
+    key = p.add_mutually_exclusive_group(required=True)
+    key.add_argument("--host-key", type=text(16384), help='one known_hosts line: "[host]:port keytype base64"')
+    key.add_argument("--fetch-host-key", action="store_true", help="fetch the server's key now (needs --yes to pin)")
+    p.add_argument("--yes", action="store_true", help="confirm pinning the fetched host key")
+    p.add_argument("--remote-hash", action="store_true", help="the server answers check-file-name sha256")
+    p.add_argument("--acknowledgments", action="store_true", help="the partner writes <final>.ack")
+    p.add_argument("--name-and-size-identify", action="store_true", help="the contract: name and size identify a file")
+    p.add_argument("--read-back", action="store_true", help="the contract allows downloading a file to hash it")
+    p.add_argument("--max-sessions", type=positive_int(64), default=4,
+                   help="sessions the partner allows at once, over every worker host (default 4)")
+    p.add_argument("--auto-retries", type=_retries, default=3,
+                   help="automatic retries of a delivery proven not to have happened for a transient reason, "
+                        "per delivery key; 0 turns them off (default 3)")
+    p.add_argument("--by", type=name, help="who adds it, for the profile's record (default: this login's name)")
+    _profile_arguments(p, editing=False)
+    p.set_defaults(handler=destination_add)
+
+    p = command(destination, "edit", help_="change what a destination's partner receives (a new profile version)",
+                description="Write a new version of the destination's delivery profile: the options given change, "
+                            "the others keep their value. Exports created from now on are named by it; an export "
+                            "builds with the version current when its attempt starts, never a mix, and cutoff 2 "
+                            "records which. Nothing is written when nothing changes.",
+                exits=DESTINATION_EDIT_EXITS)
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.add_argument("--by", type=name, help="who edits it, for the profile's record (default: this login's name)")
+    _profile_arguments(p, editing=True)
+    p.set_defaults(handler=destination_edit)
+
+    p = command(destination, "show", help_="a destination's settings and delivery profile",
+                description="A destination's SFTP settings and its delivery profile (the current version, or "
+                            "--version N, which exports show names for each built file).", exits=(EXIT_NOT_FOUND,))
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.add_argument("--version", type=positive_int(1_000_000), help="a past version of the profile")
+    p.set_defaults(handler=destination_show)
+
+    p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
+                description="Each destination's circuit (closed, or open since when and until its next probe), "
+                            "the sessions open to it now over every worker host, the jobs waiting out a "
+                            "deferral, and the last connection error.", exits=(EXIT_NOT_FOUND,))
+    p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
+    p.set_defaults(handler=destination_status)
+
+    p = command(commands, "preview", help_="the first rows a destination's partner would receive (nothing queued)",
+                description="Build the first rows of the file exactly as the destination's partner would receive "
+                            "them, before compression (and encryption), from the tenant's consenting contacts, to "
+                            "stdout or --output. Nothing is queued, delivered or written to the database.",
+                exits=(EXIT_NOT_FOUND,), json_output=False)
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.add_argument("--rows", type=positive_int(MAX_PREVIEW_ROWS), default=PREVIEW_ROWS,
+                   help=f"how many contacts (default {PREVIEW_ROWS}, at most {MAX_PREVIEW_ROWS})")
+    p.add_argument("--output", type=text(4096), help="a new file to write instead of stdout (never overwritten)")
+    p.set_defaults(handler=preview)
+
+
+def _profile_arguments(p: argparse.ArgumentParser, *, editing: bool) -> None:
+    keep = " (default: unchanged)" if editing else ""
+    options = p.add_argument_group("delivery profile: what the partner receives")
+    options.add_argument("--column", dest="columns", action="append", type=_column, metavar="SOURCE[=HEADER]",
+                         help="a column, in order, repeated for each: email, full_name, company, phone or "
+                              "attributes.<custom field>, under the header the partner wants (default: the "
+                              "source's name); the columns given replace the list" + (keep or
+                              " (default: email, full_name, company, phone)"))
+    options.add_argument("--format", type=_choice(Format), metavar="csv|jsonl",
+                         help="CSV or JSON Lines" + (keep or " (default csv)"))
+    options.add_argument("--delimiter", type=_delimiter, metavar="CHAR",
+                         help="CSV's delimiter: one character, or 'tab'" + (keep or " (default ',')"))
+    options.add_argument("--quoting", type=_choice(Quoting), metavar="minimal|all",
+                         help="CSV: quote only fields that need it (minimal) or every field (all)"
+                              + (keep or " (default minimal)"))
+    options.add_argument("--header", type=_on_off, metavar="on|off",
+                         help="CSV: a header line" + (keep or " (default on)"))
+    options.add_argument("--line-ending", type=_choice(LineEnding), metavar="lf|crlf",
+                         help="how lines end" + (keep or " (default lf)"))
+    options.add_argument("--bom", type=_on_off, metavar="on|off",
+                         help="a UTF-8 byte order mark first" + (keep or " (default off)"))
+    options.add_argument("--neutralize-formulas", type=_on_off, metavar="on|off",
+                         help="CSV: a cell beginning with = + - @ tab or CR gets a leading ' so a spreadsheet "
+                              "shows it as text (OWASP's CSV injection advice; it changes the data)"
+                              + (keep or " (default off)"))
+    options.add_argument("--compression", type=_choice(Compression), metavar="none|gzip",
+                         help="the file compressed" + (keep or " (default none)"))
+    options.add_argument("--file-name", type=text(512), metavar="TEMPLATE",
+                         help="the file name template: {delivery_key}, {sequence} (or {sequence:06d}), {tenant}, "
+                              "{created} (or {created:%%Y-%%m-%%d}); it needs {delivery_key} or {sequence}"
+                              + (keep or " (default contacts-{delivery_key}.csv)"))
+    options.add_argument("--time-zone", type=text(64), metavar="ZONE",
+                         help="the time zone {created} is rendered in (an IANA name)" + (keep or " (default UTC)"))
+
+
+def _profile(args: argparse.Namespace, base: Profile) -> Profile:
+    settings: dict[str, Any] = {}
+    for option in ("format", "delimiter", "quoting", "header", "line_ending", "bom", "neutralize_formulas",
+                   "compression", "file_name", "time_zone"):
+        value = getattr(args, option)
+        if value is not None:
+            settings[option] = value
+    if args.columns:
+        settings["columns"] = tuple(args.columns)
+    try:
+        return base.changed(**settings)
+    except ProfileError as exc:
+        raise bad_input(str(exc)) from None
+
+
+def _by(args: argparse.Namespace) -> str:
+    if args.by:
+        return str(args.by)
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):   # no login name: a container's numeric user
+        return "unknown"
+
+
+def destination_add(ctx: Context, args: argparse.Namespace) -> int:
+    try:
+        credential_ref = str(parse_credential_ref(args.credential_ref))
+    except CredentialError as exc:
+        raise bad_input(f"--credential-ref: {exc}") from None
+    profile = _profile(args, Profile())
+    if args.fetch_host_key:
+        try:
+            key = fetch_host_key(args.host, args.port, FETCH_HOST_KEY_TIMEOUT)
+        except HostKeyError as exc:
+            raise not_found(str(exc)) from None
+        line = known_hosts_line(args.host, args.port, key)
+        if not args.yes:
+            raise refused(f"{args.host}:{args.port} presents {key.get_name()} {fingerprint(key)}; "
+                          "check it with the partner and re-run with --yes to pin it",
+                          host_key=line, fingerprint=fingerprint(key))
+    else:
+        try:
+            line, key = parse_host_key(args.host_key, args.host, args.port)
+        except HostKeyError as exc:
+            raise bad_input(f"--host-key: {exc}") from None
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
+    destination_id = uuid.uuid4()
+    new = directory.NewDestination(
+        tenant_id=tenant.id, name=args.name, host=args.host, port=args.port, username=args.username,
+        remote_dir=args.remote_dir, host_key=line, credential_ref=credential_ref, remote_hash=args.remote_hash,
+        acknowledgments=args.acknowledgments, name_and_size_identify=args.name_and_size_identify,
+        read_back=args.read_back, max_sessions=args.max_sessions, auto_retries=args.auto_retries,
+        profile=profile.to_json(), created_by=_by(args))
+    with ctx.connection() as conn:
+        added = directory.add_destination(conn, destination_id=destination_id, destination=new)
+        if added is directory.AddResult.UNKNOWN_TENANT:
+            raise not_found(f"no tenant {tenant.id}")
+    emit(ctx, f"destination {args.name!r} added to tenant {tenant.name!r}: {destination_id}\n"
+              f"  pinned host key {key.get_name()} {fingerprint(key)}\n"
+              + "\n".join(f"  {line_}" for line_ in profile.describe()),
+         {"destination_id": str(destination_id), "tenant_id": str(tenant.id), "host_key": line,
+          "fingerprint": fingerprint(key), "profile_version": 1, "profile": profile.to_json()})
+    return EXIT_OK
+
+
+def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    found = cli_lookup.destination(views, tenant, args.destination)
+    with ctx.connection() as conn:
+        current = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
+        if current is None:
+            raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
+        before = Profile.from_json(current.profile)
+        after = _profile(args, before)
+        if after.to_json() == before.to_json():
+            emit(ctx, f"destination {found.name!r}: profile v{current.version} already says that; nothing written",
+                 {"destination_id": str(found.id), "profile_version": current.version, "changed": False})
+            return EXIT_OK
+        edit, version = directory.edit_profile(conn, tenant_id=tenant.id, destination_id=found.id,
+                                               expected_version=current.version, profile=after.to_json(),
+                                               created_by=_by(args))
+    if edit is directory.ProfileEdit.STALE:
+        raise refused(f"destination {found.name!r}: its profile changed after v{current.version} was read "
+                      "(another edit committed first); nothing written, run the edit again")
+    emit(ctx, f"destination {found.name!r}: profile v{version} (was v{current.version})\n"
+              + "\n".join(f"  {line}" for line in after.describe()),
+         {"destination_id": str(found.id), "profile_version": version, "previous_version": current.version,
+          "changed": True, "profile": after.to_json()})
+    return EXIT_OK
+
+
+def destination_show(ctx: Context, args: argparse.Namespace) -> int:
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    found = cli_lookup.destination(views, tenant, args.destination)
+    with ctx.connection() as conn:
+        row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
+        stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id, version=args.version)
+    if row is None:
+        raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
+    if stored is None:
+        raise not_found(f"destination {found.name!r} has no profile version {args.version}")
+    profile = Profile.from_json(stored.profile)
+    settings: list[list[Any]] = [
+                ["name", found.name], ["id", found.id], ["server", f"{row['username']}@{row['host']}:{row['port']}"],
+                ["remote dir", row["remote_dir"]], ["credential", row["credential_ref"].split(":", 1)[0] + ":..."],
+                ["sessions", row["max_sessions"]], ["auto retries", row["auto_retries"] or "off"],
+                ["active", "yes" if row["active"] else "no"],
+                ["profile", f"v{stored.version} of v{stored.current_version}, by {stored.created_by}, "
+                            f"{stored.created_at:%Y-%m-%d %H:%M:%S}"]]
+    human = table(["setting", "value"], settings) + "\n" + "\n".join(profile.describe())
+    emit(ctx, human, {"destination_id": str(found.id), "tenant_id": str(tenant.id), "name": found.name,
+                      "host": row["host"], "port": row["port"], "username": row["username"],
+                      "remote_dir": row["remote_dir"], "host_key": row["host_key"], "max_sessions": row["max_sessions"],
+                      "auto_retries": row["auto_retries"], "active": row["active"],
+                      "profile_version": stored.version, "current_profile_version": stored.current_version,
+                      "profile_created_by": stored.created_by, "profile_created_at": stored.created_at,
+                      "profile": profile.to_json()})
+    return EXIT_OK
+
+
+STATUS_HEADERS = ["tenant", "destination", "host", "circuit", "next probe", "failures", "sessions", "deferred",
+                  "retries", "last error"]
+
+
+def destination_status(ctx: Context, args: argparse.Namespace) -> int:
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant) if args.tenant else None
+    with ctx.connection() as conn:
+        found = partner.statuses(conn, tenant_id=tenant.id if tenant else None)
+    rows = [[d.tenant_name, d.name, f"{d.host}:{d.port}", d.state + ("" if d.active else " (inactive)"),
+             d.next_probe_at, d.failures or 0, f"{d.sessions_in_use}/{d.max_sessions}", d.deferred_jobs,
+             d.auto_retries or "off", d.last_error] for d in found]
+    data = [{"destination_id": d.id, "tenant": d.tenant_name, "name": d.name, "host": d.host, "port": d.port,
+             "active": d.active, "circuit": d.state, "opened_at": d.opened_at, "next_probe_at": d.next_probe_at,
+             "failures": d.failures or 0, "sessions_in_use": d.sessions_in_use, "max_sessions": d.max_sessions,
+             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.last_error}
+            for d in found]
+    emit(ctx, table(STATUS_HEADERS, rows) if found else "no destinations", data)
+    return EXIT_OK
+
+
+def preview(ctx: Context, args: argparse.Namespace) -> int:
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    found = cli_lookup.destination(views, tenant, args.destination)
+    target = Path(args.output) if args.output else None
+    with ctx.connection() as conn:
+        stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
+        if stored is None:
+            raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
+        profile = Profile.from_json(stored.profile)
+        try:
+            out = target.open("xb") if target is not None else sys.stdout.buffer
+        except FileExistsError:
+            raise bad_input(f"--output {target} exists; preview never overwrites a file") from None
+        except OSError as exc:
+            raise bad_input(f"--output {target}: {exc.strerror}") from None
+        try:
+            for block, _rows in partner_file.plaintext(conn, tenant.id, profile, 64 * 1024, limit=args.rows):
+                out.write(block)
+            out.flush()
+        except BaseException:
+            if target is not None:
+                out.close()
+                target.unlink(missing_ok=True)   # no half a preview left behind
+            raise
+        if target is not None:
+            out.close()
+    return EXIT_OK
+
+
+def _port(value: str) -> int:
+    return positive_int(65535)(value)
+
+
+_port.__name__ = "port"
+
+
+def _retries(value: str) -> int:
+    return 0 if value.strip() == "0" else positive_int(20)(value)
+
+
+_retries.__name__ = "retries"
+
+
+def _column(value: str) -> Column:
+    try:
+        return Column.parse(value)
+    except ProfileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_column.__name__ = "column"
+
+
+def _delimiter(value: str) -> str:
+    return "\t" if value.lower() in ("tab", "\\t") else value
+
+
+def _on_off(value: str) -> bool:
+    if value.lower() not in _ON_OFF:
+        raise argparse.ArgumentTypeError("on or off")
+    return _ON_OFF[value.lower()]
+
+
+_on_off.__name__ = "on/off"
+
+
+def _choice(kind):
+    def parse(value: str):
+        try:
+            return kind(value.lower())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"one of {', '.join(k.value for k in kind)}") from None
+
+    parse.__name__ = kind.__name__.lower()
+    return parse

@@ -1,0 +1,212 @@
+"""What the partner receives, through the real system (relay, worker) to a real OpenSSH server: for each
+delivery profile option, the file on the partner, decompressed and parsed by an independent reader
+(Python's ``csv``, ``json``), equals the tenant's consenting contacts field for field, hostile values
+included; the file name is the profile's template rendered when the export was created; the profile
+version the file was built with is on record; and ``exports preview`` prints the file's first rows.
+
+The expected files are computed here from the contacts the test imported, not from the system's output.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.steps import OPERATOR, TENANT, job_row, wait_status
+from tests.fixtures.processes import System
+
+#: Values a partner's parser trips on: quotes, delimiters of every kind, line breaks, emoji, right-to-left
+#: text, cells a spreadsheet would evaluate, and an empty optional field. None starts or ends with
+#: whitespace, which ``contacts import`` trims (a cell that starts with a tab or CR is neutralised too:
+#: tests/integration/store/test_worker_copy.py puts one in directly).
+HOSTILE = [
+    {"email": "quote@example.com", "full_name": 'Say "hi"', "company": '"Quoted" Co', "phone": "",
+     "tier": "gold", "Lead Source (2024)": "web"},
+    {"email": "delims@example.com", "full_name": "Last, First; Middle|Tab\there", "company": "Acme, Inc.",
+     "phone": "1,2", "tier": "", "Lead Source (2024)": "fair; booth 7"},
+    {"email": "lines@example.com", "full_name": "Line one\nLine two", "company": "CR\r\nLF", "phone": "555",
+     "tier": "silver", "Lead Source (2024)": ""},
+    {"email": "emoji@example.com", "full_name": "Zoë 👩🏽‍💻 Ångström", "company": "山田商事 ✓", "phone": "☎ 555",
+     "tier": "🥇", "Lead Source (2024)": "referral"},
+    {"email": "rtl@example.com", "full_name": "שלום עליכם", "company": "شركة \u202eevil\u202c", "phone": "",
+     "tier": "bronze", "Lead Source (2024)": "مؤتمر"},
+    {"email": "formula@example.com", "full_name": "=HYPERLINK(\"http://x\",\"click\")", "company": "+cmd|' /C calc'!A0",
+     "phone": "-2+3", "tier": "@SUM(A1:A2)", "Lead Source (2024)": "=1+1"},
+    {"email": "backslash@example.com", "full_name": "back\\slash", "company": "\\.", "phone": "spa ced",
+     "tier": "x", "Lead Source (2024)": "\\N"},
+]
+#: Contacts without consent: never in any file.
+REFUSED = [{"email": "no-consent@example.com", "full_name": "Not Me", "company": "", "phone": "", "tier": "gold",
+            "Lead Source (2024)": "web"}]
+#: Enough ordinary contacts that a file spans several of the builder's chunks.
+ORDINARY = 3000
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _contacts() -> list[dict[str, str]]:
+    ordinary = [{"email": f"c{i:05d}@example.com", "full_name": f"Contact {i}", "company": f"Company {i % 17}",
+                 "phone": f"+1-555-{i:04d}", "tier": ("gold", "silver", "")[i % 3], "Lead Source (2024)": "list"}
+                for i in range(ORDINARY)]
+    return HOSTILE + ordinary
+
+
+def _import(system: System, tmp_path: Path) -> list[dict[str, str]]:
+    contacts = _contacts()
+    path = tmp_path / "contacts.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, ["email", "full_name", "company", "phone", "consent", "tier",
+                                         "Lead Source (2024)"])
+        writer.writeheader()
+        for contact in contacts:
+            writer.writerow({**contact, "consent": "yes"})
+        for contact in REFUSED:
+            writer.writerow({**contact, "consent": "no"})
+    system.cli("contacts", "import", str(path), "--tenant", TENANT)
+    return contacts
+
+
+def _add_destination(system: System, peer, name: str, *profile: str) -> dict:
+    port = peer.config.port
+    key = peer.config.host_key.split(None, 1)[1]
+    return system.cli("destination", "add", "--tenant", TENANT, "--name", name, "--host", "127.0.0.1", "--port",
+                      str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
+                      "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}",
+                      "--by", OPERATOR, *profile, "--json").json
+
+
+def _deliver(system: System, admin, destination: str) -> dict:
+    created = system.cli("create", "--tenant", TENANT, "--destination", destination, "--by", OPERATOR, "--json").json
+    wait_status(system, admin, created["job_id"], "Completed")
+    return {**created, "row": job_row(admin, created["job_id"])}
+
+
+def _received(peer, delivered: dict) -> bytes:
+    """The file the partner holds under the name the export was created with, checked against cutoff 2."""
+    files = peer.files()
+    data = files[delivered["final_name"]]
+    row = delivered["row"]
+    assert row["expected_file_name"] == delivered["final_name"]
+    assert (len(data), hashlib.sha256(data).digest()) == (row["expected_file_bytes"],
+                                                          bytes(row["expected_file_sha256"]))
+    return data
+
+
+def _neutralized(value: str) -> str:
+    return "'" + value if value.startswith(_FORMULA_STARTS) else value
+
+
+@pytest.fixture
+def partner_system(system: System, openssh_sftp, tmp_path):
+    system.group.env.update(openssh_sftp.environ)
+    system.cli("tenant", "add", TENANT)
+    system.cli("operator", "grant", "--operator", OPERATOR, "--tenant", TENANT)
+    contacts = _import(system, tmp_path)
+    system.start_relay()
+    system.start_worker()
+    return system, openssh_sftp, contacts
+
+
+@pytest.mark.openssh
+def test_a_csv_profile_with_chosen_columns_semicolons_quotes_crlf_bom_gzip_and_formula_neutralising_arrives_field_for_field(  # noqa: E501
+        partner_system, admin):
+    system, peer, contacts = partner_system
+    _add_destination(system, peer, "crm-feed", "--column", "email=E-Mail", "--column", "attributes.tier=Tier",
+                     "--column", "full_name=Name", "--column", "attributes.Lead Source (2024)=Source",
+                     "--column", "company", "--column", "phone", "--delimiter", ";", "--quoting", "all",
+                     "--line-ending", "crlf", "--bom", "on", "--compression", "gzip",
+                     "--neutralize-formulas", "on", "--file-name", "{tenant}_{sequence:05d}_{delivery_key}.csv.gz")
+
+    delivered = _deliver(system, admin, "crm-feed")
+
+    assert re.fullmatch(r"initech_00001_[0-9a-f]{32}\.csv\.gz", delivered["final_name"])
+    text = gzip.decompress(_received(peer, delivered))
+    assert text.startswith(b"\xef\xbb\xbf")
+    # Every record ends CRLF; a line break inside a field stays as the contact has it.
+    assert text.count(b"\r\n") >= len(contacts) + 1 and b'"Line one\nLine two"' in text
+    rows = list(csv.reader(io.StringIO(text[3:].decode("utf-8"), newline=""), delimiter=";"))
+    assert rows[0] == ["E-Mail", "Tier", "Name", "Source", "company", "phone"]
+    expected = [[_neutralized(c[k]) for k in ("email", "tier", "full_name", "Lead Source (2024)", "company", "phone")]
+                for c in contacts]
+    assert rows[1:] == expected
+    # Quoting all: every field, the empty ones excepted (COPY leaves NULL unquoted), is quoted.
+    assert text.split(b"\r\n")[1].startswith(b'"quote@example.com";"gold";')
+
+
+@pytest.mark.openssh
+def test_a_tab_separated_file_without_header_and_json_lines_arrive_as_their_readers_parse_them(partner_system, admin):
+    system, peer, contacts = partner_system
+    _add_destination(system, peer, "tsv", "--delimiter", "tab", "--header", "off", "--file-name",
+                     "tsv-{delivery_key}.txt", "--column", "email", "--column", "full_name",
+                     "--column", "attributes.tier")
+    _add_destination(system, peer, "jsonl", "--format", "jsonl", "--compression", "gzip", "--column", "email=Email",
+                     "--column", "full_name=Name", "--column", "attributes.tier=tier", "--column", "company",
+                     "--column", "attributes.Lead Source (2024)=source", "--file-name", "{delivery_key}.jsonl.gz")
+
+    tsv = _deliver(system, admin, "tsv")
+    jsonl = _deliver(system, admin, "jsonl")
+
+    rows = list(csv.reader(io.StringIO(_received(peer, tsv).decode("utf-8"), newline=""), delimiter="\t"))
+    assert rows == [[c["email"], c["full_name"], c["tier"]] for c in contacts]
+    lines = gzip.decompress(_received(peer, jsonl)).decode("utf-8").split("\n")
+    assert lines[-1] == ""   # every object ends its line
+    objects = [json.loads(line) for line in lines[:-1]]
+    # An empty custom field was never stored: JSON says null, where CSV says nothing.
+    assert objects == [{"Email": c["email"], "Name": c["full_name"], "tier": c["tier"] or None,
+                        "company": c["company"] or None, "source": c["Lead Source (2024)"] or None}
+                       for c in contacts]
+    assert list(objects[0]) == ["Email", "Name", "tier", "company", "source"]   # the profile's order
+
+
+@pytest.mark.openssh
+def test_an_edit_while_an_export_is_queued_builds_it_with_the_new_version_which_cutoff_2_records_and_show_prints(
+        partner_system, admin):
+    system, peer, contacts = partner_system
+    _add_destination(system, peer, "partner", "--column", "email")
+    before = system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR, "--json").json
+    wait_status(system, admin, before["job_id"], "Completed")
+
+    edited = system.cli("destination", "edit", "--tenant", TENANT, "--destination", "partner", "--column", "email",
+                        "--column", "phone=Phone", "--by", OPERATOR, "--json").json
+    after = _deliver(system, admin, "partner")
+
+    assert edited["profile_version"] == 2 and edited["previous_version"] == 1
+    assert job_row(admin, before["job_id"])["expected_profile_version"] == 1
+    assert after["row"]["expected_profile_version"] == 2
+    first = list(csv.reader(io.StringIO(_received(peer, {**before, "row": job_row(admin, before["job_id"])}).decode(),
+                                        newline="")))
+    second = list(csv.reader(io.StringIO(_received(peer, after).decode(), newline="")))
+    assert first[0] == ["email"] and second[0] == ["email", "Phone"]
+    assert second[1:] == [[c["email"], c["phone"]] for c in contacts]
+    shown = system.cli("show", after["job_id"], "--tenant", TENANT)
+    assert "built with profile v2" in shown.stdout
+    # Both versions stay on record.
+    assert system.cli("destination", "show", "--tenant", TENANT, "--destination", "partner", "--version", "1",
+                      "--json").json["profile"]["columns"] == [{"source": "email", "header": "email"}]
+
+
+@pytest.mark.openssh
+def test_preview_prints_the_first_rows_exactly_as_the_partner_receives_them_before_compression(
+        partner_system, admin, tmp_path):
+    system, peer, _contacts = partner_system
+    _add_destination(system, peer, "partner", "--delimiter", ";", "--line-ending", "crlf", "--compression", "gzip",
+                     "--neutralize-formulas", "on", "--column", "email", "--column", "full_name=Name",
+                     "--column", "attributes.tier")
+    jobs_before = admin.execute("SELECT count(*) AS n FROM export_jobs").fetchone()["n"]
+
+    preview = system.cli("preview", "--tenant", TENANT, "--destination", "partner", "--rows", "7",
+                         "--output", str(tmp_path / "preview.csv"))
+    delivered = _deliver(system, admin, "partner")
+
+    assert preview.stdout == ""
+    previewed = (tmp_path / "preview.csv").read_bytes()
+    whole = gzip.decompress(_received(peer, delivered))
+    assert whole.startswith(previewed) and previewed.count(b"\r\n") >= 8
+    assert len(list(csv.reader(io.StringIO(previewed.decode(), newline=""), delimiter=";"))) == 8   # header + 7
+    assert admin.execute("SELECT count(*) AS n FROM export_jobs").fetchone()["n"] == jobs_before + 1
