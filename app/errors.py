@@ -20,6 +20,10 @@ turns each into an exit code::
             SessionLimitReached                              every session slot to the partner is held
             EvidenceNotRecorded                              the baseline could not be appended: no upload
             UploadMismatch                                   the uploaded temporary file is not the expected one
+            OpenPGPError                                     OpenPGP unusable (raised itself only when gpg is missing)
+                KeyRefused                                   a partner key or our signing key refused when it is set
+                KeyExpired                                   a stored partner key expired since it was set
+                EncryptionFailed                             gpg failed or was stopped while encrypting
         BuildError                  app/actors/builder.py    the export file was not built
             BuildStopped                                     the stop signal ended the build
             BuildFailed                                      the data, the query or the disk failed it

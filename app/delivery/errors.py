@@ -50,3 +50,23 @@ class EvidenceNotRecorded(DestinationError):
 
 class UploadMismatch(DestinationError):
     """Raised when what was uploaded under the temporary name is not the expected file."""
+
+
+class OpenPGPError(DestinationError):
+    """Raised when OpenPGP cannot be used for a destination: the base of the errors below, raised itself
+    only when gpg (GnuPG 2.1 or later) cannot be run on this host."""
+
+
+class KeyRefused(OpenPGPError):
+    """Raised when a key given at configuration time cannot be used (a partner's public key, our signing
+    key or its reference): one line saying why, never the key text, the key file's path or the reference."""
+
+
+class KeyExpired(OpenPGPError):
+    """Raised when a stored partner key has expired since it was set: an operator must configure the
+    partner's current key; trying again later cannot help."""
+
+
+class EncryptionFailed(OpenPGPError):
+    """Raised when gpg failed while encrypting, or was stopped: the message is gpg's status, no secrets.
+    The partial output is removed."""
