@@ -33,6 +33,7 @@ from app.actors.lease import shared_scheduler
 from app.actors.runner import ExportRunner, RunResult
 from app.broker import build_broker
 from app.config import Settings, configured_database
+from app.delivery import openpgp
 from app.heartbeat import Heartbeat
 from app.maintenance.scavenger import Scavenger, ScavengerConfig
 
@@ -81,6 +82,11 @@ class WorkerProcess(dramatiq.Middleware):
     def before_worker_shutdown(self, broker, worker) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
+
+    def after_worker_shutdown(self, broker, worker) -> None:
+        # Dramatiq's worker processes end without running atexit: the gpg homes of this process (and the
+        # agents that signing started in them) go here, with the process.
+        openpgp.forget_keyrings()
 
 
 def _database_url(settings: Settings) -> str:

@@ -32,11 +32,12 @@ from app import logs, metrics
 from app.actors import partner_file
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.delivery.openpgp import KeyExpired, KeyRefused
 from app.delivery.profile import DEFAULT_PROFILE, Profile
 from app.errors import ExportsError
 from app.store import errors
 from app.store.database import Database
-from app.store.types import Role
+from app.store.types import FailureCause, Role
 
 log = logs.get(__name__)
 
@@ -58,7 +59,13 @@ class BuildStopped(BuildError):
 
 
 class BuildFailed(BuildError):
-    """Raised when the data, the query or the local disk failed the build (the cause is chained)."""
+    """Raised when the data, the query, the local disk or the profile's OpenPGP keys failed the build (the
+    cause is chained). ``cause`` is CONFIGURATION when an operator must act first (a partner key expired
+    since it was set, our signing key gone): the retry policy never retries that."""
+
+    def __init__(self, message: str, cause: FailureCause | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class BuildInterrupted(BuildError):
@@ -142,6 +149,9 @@ class ContactsBuilder:
             except BuildStopped:
                 remove_quietly(partial)
                 raise
+            except (KeyExpired, KeyRefused) as exc:
+                remove_quietly(partial)
+                raise BuildFailed(str(exc), FailureCause.CONFIGURATION) from exc
             except Exception as exc:
                 remove_quietly(partial)
                 if stop.is_set():
@@ -172,18 +182,26 @@ class ContactsBuilder:
         with self.db.connection() as conn:
             unregister = stop.on_set(lambda _reason: _cancel(conn))
             try:
-                with partial.open("xb") as out:
+                with partner_file.output(partial, profile) as (out, encryptor):
+                    if encryptor is not None:
+                        # A stop must not wait for gpg to drain a full pipe.
+                        unregister_gpg = stop.on_set(lambda _reason: encryptor.abort())
                     sink = partner_file.Sink(out, profile.compression)
                     for block, block_rows in partner_file.plaintext(conn, tenant_id, profile, CHUNK_BYTES):
                         self._flush(block, sink, stop)
                         rows += block_rows
                     sink.finish()
                     self._check(stop)
+                    if encryptor is not None:
+                        unregister_gpg()
+                        encryptor.finish()
                     # No fsync: the file lives only as long as this attempt, which reads it back from the
                     # page cache; a crash that could lose unsynced pages ends the attempt with it, and
                     # the scavenger removes what is left. A disk barrier per export bought nothing.
             finally:
                 unregister()
+        if encryptor is not None:
+            return (*partner_file.file_digest(partial), rows)
         return sink.size, sink.digest.digest(), rows
 
     def _flush(self, chunk: bytes | bytearray, sink: partner_file.Sink, stop: StopSignal) -> None:

@@ -1,8 +1,9 @@
 """The partner's file as its delivery profile shapes it: the rows PostgreSQL writes, then what the profile
-adds around them (a byte order mark, a header line, CRLF line endings) and the compression.
+adds around them (a byte order mark, a header line, CRLF line endings), the compression, and OpenPGP.
 
-``plaintext`` is the file before compression, block by block: the build writes it through a ``Sink``,
-and ``exports preview`` prints its first rows as they are. Memory stays flat: one block at a time.
+``plaintext`` is the file before compression, block by block: the build writes it through a ``Sink``
+into ``output`` (the file, or gpg writing it), and ``exports preview`` prints its first rows as they are.
+Memory stays flat: one block at a time.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import hashlib
 import io
 import zlib
 from collections.abc import Iterator
-from typing import BinaryIO
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
 from uuid import UUID
 
 import psycopg
 
+from app.delivery.openpgp import Encryptor, parse_signing_ref
 from app.delivery.profile import Compression, Format, LineEnding, Profile, Quoting
 from app.store import worker as worker_reads
 
@@ -79,11 +83,42 @@ def _crlf_lines(block: bytearray) -> bytes:
     return b'"'.join(parts)
 
 
+class Writable(Protocol):
+    def write(self, data: bytes | bytearray, /) -> object: ...
+
+
+@contextmanager
+def output(path: Path, profile: Profile) -> Iterator[tuple[Writable, Encryptor | None]]:
+    """Where the build writes: the new file itself, or, for an encrypted profile, gpg, which writes it. On
+    an error (a stop included) gpg is killed and its partial output removed; the caller removes the rest.
+    Leaving without an error, the caller finishes the encryptor."""
+    if not profile.encrypt_to:
+        with path.open("xb") as out:
+            yield out, None
+        return
+    signer = parse_signing_ref(profile.sign_with) if profile.sign_with else None
+    path.touch(exist_ok=False)   # as "xb" would: never over another attempt's file
+    with Encryptor(path, profile.encrypt_to, signer=signer) as encryptor:
+        yield encryptor, encryptor
+
+
+def file_digest(path: Path) -> tuple[int, bytes]:
+    """Size and SHA-256 of a file gpg wrote, read back from the page cache it is still in."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.digest()
+
+
 class Sink:
     """Writes the file: compressed as the profile says, sized and hashed as it goes (what cutoff 2
-    records is the file the partner receives, compression and all)."""
+    records is the file the partner receives, compression and all; an encrypted file is hashed once gpg
+    has written it, by ``file_digest``)."""
 
-    def __init__(self, out: BinaryIO, compression: Compression) -> None:
+    def __init__(self, out: Writable, compression: Compression) -> None:
         self.out = out
         self.digest = hashlib.sha256()
         self.size = 0

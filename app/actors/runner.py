@@ -34,6 +34,7 @@ from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination, Refused, Unreachable
 from app.delivery.evidence import Evidence
+from app.delivery.openpgp import OpenPGPError
 from app.delivery.profile import Profile
 from app.delivery.sessions import SessionPool
 from app.delivery.upload import Ready
@@ -225,10 +226,10 @@ class ExportRunner:
                     self.circuits.reached(job.destination_id, was_open=True)
             try:
                 profile = Profile.from_json(job.profile or {})
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, OpenPGPError) as exc:
                 # Written by a later release, or by hand: not an export this one can build.
                 raise BuildFailed(f"the delivery profile v{job.profile_version} cannot be read: "
-                                  f"{type(exc).__name__}") from exc
+                                  f"{type(exc).__name__}", FailureCause.CONFIGURATION) from exc
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop, profile=profile)
@@ -314,7 +315,7 @@ class ExportRunner:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
             log.warning("runner.build_failed", error=failed)
             return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.BUILD_FAILED, str(failed),
-                                             stop_point="WhileBuilding")
+                                             failed.cause, stop_point="WhileBuilding")
         finally:
             if cutoff is not AuthorizationResult.AUTHORIZED:
                 if ready is not None:

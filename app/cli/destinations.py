@@ -29,6 +29,7 @@ from app.cli.common import (
     name,
     not_found,
     positive_int,
+    printable,
     refused,
     text,
 )
@@ -36,6 +37,7 @@ from app.cli.output import emit, table
 from app.delivery.credentials import parse_credential_ref
 from app.delivery.errors import CredentialError, HostKeyError, ProfileError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
+from app.delivery.openpgp import OpenPGPError, PartnerKey, check_signing_key, parse_public_key, parse_signing_ref
 from app.delivery.profile import Column, Compression, Format, LineEnding, Profile, Quoting
 from app.store import directory, partner
 
@@ -160,6 +162,20 @@ def _profile_arguments(p: argparse.ArgumentParser, *, editing: bool) -> None:
                          help="the file name template: {delivery_key}, {sequence} (or {sequence:06d}), {tenant}, "
                               "{created} (or {created:%%Y-%%m-%%d}); it needs {delivery_key} or {sequence}"
                               + (keep or " (default contacts-{delivery_key}.csv)"))
+    encryption = options.add_mutually_exclusive_group()
+    encryption.add_argument("--encrypt-to", action="append", type=text(4096), metavar="KEY_FILE",
+                            help="OpenPGP: encrypt the file (after compression) to the partner's public key in this "
+                                 "ASCII-armored file, repeated for each key; its fingerprint is pinned. A key that is "
+                                 "malformed, expired or cannot encrypt is refused" + (keep or " (default: none)"))
+    if editing:
+        encryption.add_argument("--no-encryption", action="store_true", help="stop encrypting (and signing)")
+    signing = options.add_mutually_exclusive_group()
+    signing.add_argument("--sign-with", type=text(1024), metavar="REF",
+                         help="OpenPGP: also sign with our key, given by reference: keyfile:/path or env-keyfile:VAR "
+                              "(an unprotected secret key file; never stored, only the reference is)"
+                         + (keep or " (default: not signed)"))
+    if editing:
+        signing.add_argument("--no-signing", action="store_true", help="stop signing")
     options.add_argument("--time-zone", type=text(64), metavar="ZONE",
                          help="the time zone {created} is rendered in (an IANA name)" + (keep or " (default UTC)"))
 
@@ -174,9 +190,32 @@ def _profile(args: argparse.Namespace, base: Profile) -> Profile:
     if args.columns:
         settings["columns"] = tuple(args.columns)
     try:
+        if getattr(args, "no_encryption", False):
+            settings.update(encrypt_to=(), sign_with=None)
+        if args.encrypt_to:
+            settings["encrypt_to"] = tuple(_partner_key(path) for path in args.encrypt_to)
+        if getattr(args, "no_signing", False):
+            settings["sign_with"] = None
+        if args.sign_with:
+            ref = parse_signing_ref(args.sign_with)
+            check_signing_key(ref)   # the key is there, can sign and needs no passphrase: now, not at the export
+            settings["sign_with"] = str(ref)
         return base.changed(**settings)
-    except ProfileError as exc:
+    except (ProfileError, OpenPGPError) as exc:
         raise bad_input(str(exc)) from None
+
+
+def _partner_key(path: str) -> PartnerKey:
+    try:
+        text_ = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise bad_input(f"--encrypt-to {printable(path, 120)}: not an ASCII-armored key (not UTF-8 text)") from None
+    except OSError as exc:
+        raise bad_input(f"--encrypt-to {printable(path, 120)}: {exc.strerror}") from None
+    try:
+        return parse_public_key(text_)
+    except OpenPGPError as exc:
+        raise bad_input(f"--encrypt-to {printable(path, 120)}: {exc}") from None
 
 
 def _by(args: argparse.Namespace) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.delivery.errors import ProfileError
+from app.delivery.openpgp import PartnerKey, parse_signing_ref
 
 #: The contact fields a column may name; a custom field is ``attributes.<name>``.
 CONTACT_FIELDS = ("email", "full_name", "company", "phone")
@@ -145,6 +146,10 @@ class Profile:
     file_name: str = DEFAULT_FILE_NAME
     #: The time zone ``{created}`` is rendered in.
     time_zone: str = "UTC"
+    #: OpenPGP: the partner keys the file is encrypted to (after compression); none: not encrypted.
+    encrypt_to: tuple[PartnerKey, ...] = ()
+    #: A reference to our signing key (``keyfile:/path`` or ``env-keyfile:NAME``), never the key.
+    sign_with: str | None = None
     #: Anything a later release adds, kept as read so a profile round-trips through this one.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -179,6 +184,13 @@ class Profile:
             raise ProfileError(f"unknown time zone {_shown(self.time_zone)} (an IANA name such as Europe/Berlin)") \
                 from None
         check_file_name(self.file_name, self.time_zone)
+        fingerprints = [key.fingerprint for key in self.encrypt_to]
+        if len(set(fingerprints)) != len(fingerprints):
+            raise ProfileError("the same partner key is given twice")
+        if self.sign_with is not None:
+            if not self.encrypt_to:
+                raise ProfileError("signing is for an encrypted file: give the partner's key to encrypt to")
+            parse_signing_ref(self.sign_with)   # KeyRefused (a ProfileError's sibling) names no value
 
     @property
     def uses_sequence(self) -> bool:
@@ -195,13 +207,14 @@ class Profile:
                 "format": self.format.value, "delimiter": self.delimiter, "quoting": self.quoting.value,
                 "header": self.header, "line_ending": self.line_ending.value, "bom": self.bom,
                 "neutralize_formulas": self.neutralize_formulas, "compression": self.compression.value,
-                "file_name": self.file_name, "time_zone": self.time_zone}
+                "file_name": self.file_name, "time_zone": self.time_zone,
+                "encrypt_to": [key.to_json() for key in self.encrypt_to], "sign_with": self.sign_with}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Profile:
         """A stored profile. It was checked when it was stored; this only reads it."""
         known = {"columns", "format", "delimiter", "quoting", "header", "line_ending", "bom", "neutralize_formulas",
-                 "compression", "file_name", "time_zone"}
+                 "compression", "file_name", "time_zone", "encrypt_to", "sign_with"}
         default = cls()
         return cls(
             columns=tuple(Column(c["source"], c["header"]) for c in data["columns"]) if "columns" in data
@@ -216,6 +229,8 @@ class Profile:
             compression=Compression(data.get("compression", default.compression)),
             file_name=data.get("file_name", default.file_name),
             time_zone=data.get("time_zone", default.time_zone),
+            encrypt_to=tuple(PartnerKey.from_json(key) for key in data.get("encrypt_to") or ()),
+            sign_with=data.get("sign_with"),
             extra={k: v for k, v in data.items() if k not in known})
 
     def describe(self) -> list[str]:
@@ -230,7 +245,17 @@ class Profile:
         return [f"columns: {columns}",
                 f"format: {shape}",
                 f"compression: {self.compression.value}",
+                f"encryption: {self._encryption()}",
                 f"file name: {self.file_name} (dates in {self.time_zone})"]
+
+    def _encryption(self) -> str:
+        if not self.encrypt_to:
+            return "none"
+        keys = ", ".join(f"{k.fingerprint} ({k.user_ids[0] if k.user_ids else 'no user id'}"
+                         f"{', expires ' + k.expires_at.strftime('%Y-%m-%d') if k.expires_at else ''})"
+                         for k in self.encrypt_to)
+        signed = f", signed with {parse_signing_ref(self.sign_with).shown}" if self.sign_with else ", not signed"
+        return f"OpenPGP to {keys}{signed}"
 
 
 DEFAULT_PROFILE = Profile()

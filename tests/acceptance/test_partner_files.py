@@ -15,12 +15,17 @@ import hashlib
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
+import paramiko
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.acceptance.steps import OPERATOR, TENANT, job_row, wait_status
+from tests.fixtures.openpgp import gpg, make_party
 from tests.fixtures.processes import System
+from tests.support import unavailable
 
 #: Values a partner's parser trips on: quotes, delimiters of every kind, line breaks, emoji, right-to-left
 #: text, cells a spreadsheet would evaluate, and an empty optional field. None starts or ends with
@@ -210,3 +215,102 @@ def test_preview_prints_the_first_rows_exactly_as_the_partner_receives_them_befo
     assert whole.startswith(previewed) and previewed.count(b"\r\n") >= 8
     assert len(list(csv.reader(io.StringIO(previewed.decode(), newline=""), delimiter=";"))) == 8   # header + 7
     assert admin.execute("SELECT count(*) AS n FROM export_jobs").fetchone()["n"] == jobs_before + 1
+
+
+# --- OpenPGP -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parties(tmp_path_factory):
+    if shutil.which("gpg") is None:
+        unavailable("gpg (GnuPG 2.2) is not installed: .ci/install-sftp-servers installs it")
+    root = tmp_path_factory.mktemp("parties")
+    alice, bob, ours = make_party(root, "alice"), make_party(root, "bob"), make_party(root, "ours", usage="sign")
+    for partner in (alice, bob):
+        gpg(partner.home, "--import", data=ours.public.encode())
+    keys = {}
+    for party in (alice, bob):
+        keys[party.home.name] = root / f"{party.home.name}.asc"
+        keys[party.home.name].write_text(party.public)
+    expiring = make_party(root, "expiring", expire="2020-06-01", when="20200101T000000!")
+    (root / "expired.asc").write_text(expiring.public)
+    return {"alice": alice, "bob": bob, "ours": ours, "ours_secret": ours.export_secret(root / "ours.gpg"),
+            "keys": keys, "expired": root / "expired.asc", "root": root}
+
+
+@pytest.mark.openssh
+def test_gzip_then_openpgp_to_two_partners_signed_by_us_decrypts_with_each_partners_key_to_the_contacts(
+        partner_system, admin, parties, tmp_path):
+    system, peer, contacts = partner_system
+    added = _add_destination(system, peer, "secure", "--compression", "gzip", "--encrypt-to",
+                             str(parties["keys"]["alice"]), "--encrypt-to", str(parties["keys"]["bob"]),
+                             "--sign-with", f"keyfile:{parties['ours_secret']}", "--column", "email",
+                             "--column", "attributes.tier=Tier", "--file-name", "{delivery_key}.csv.gz.gpg")
+
+    delivered = _deliver(system, admin, "secure")
+
+    assert [k["fingerprint"] for k in added["profile"]["encrypt_to"]] == [parties["alice"].fingerprint,
+                                                                         parties["bob"].fingerprint]
+    encrypted = tmp_path / "received.gpg"
+    encrypted.write_bytes(_received(peer, delivered))
+    expected = [["email", "Tier"]] + [[c["email"], c["tier"]] for c in contacts]
+    for partner in (parties["alice"], parties["bob"]):
+        plain = tmp_path / f"{partner.home.name}.csv.gz"
+        done = gpg(partner.home, "--yes", "--output", str(plain), "--decrypt", str(encrypted))
+        status = done.stderr.decode()
+        assert f"VALIDSIG {parties['ours'].fingerprint}" in status or \
+            re.search(rf"VALIDSIG \w+ .*{parties['ours'].fingerprint}", status)
+        rows = list(csv.reader(io.StringIO(gzip.decompress(plain.read_bytes()).decode(), newline="")))
+        assert rows == expected
+    # The signing key is a reference: neither it nor its path is on record.
+    stored = admin.execute("SELECT profile::text AS p FROM delivery_profiles").fetchall()
+    assert not any(parties["ours_secret"].read_bytes()[:40].hex() in r["p"] for r in stored)
+
+
+@pytest.mark.openssh
+def test_a_partner_key_that_expired_after_it_was_set_fails_the_export_before_cutoff_2_for_an_operator_to_act(
+        partner_system, admin, parties):
+    system, peer, _contacts = partner_system
+    _add_destination(system, peer, "secure", "--encrypt-to", str(parties["keys"]["alice"]))
+    # The key expires after it was set: as a later release would find it, written over the stored profile.
+    profile = admin.execute("SELECT p.profile FROM delivery_profiles p JOIN destinations d ON d.id = p.destination_id"
+                            " WHERE d.name = 'secure'").fetchone()["profile"]
+    profile["encrypt_to"][0]["expires_at"] = "2020-06-01T00:00:00+00:00"
+    edited = system.cli("destination", "edit", "--tenant", TENANT, "--destination", "secure", "--column", "email",
+                        "--json").json
+    admin.execute("ALTER TABLE delivery_profiles DISABLE TRIGGER tr_delivery_profiles_append_only")
+    admin.execute("UPDATE delivery_profiles SET profile = %s WHERE version = %s AND destination_id ="
+                  " (SELECT id FROM destinations WHERE name = 'secure')", (Jsonb(profile), edited["profile_version"]))
+    admin.execute("ALTER TABLE delivery_profiles ENABLE TRIGGER tr_delivery_profiles_append_only")
+
+    created = system.cli("create", "--tenant", TENANT, "--destination", "secure", "--by", OPERATOR, "--json").json
+    wait_status(system, admin, created["job_id"], "Failed")
+
+    row = job_row(admin, created["job_id"])
+    assert row["failure_reason"] == "BuildFailed" and row["delivery_authorized_at"] is None
+    failed = admin.execute("SELECT detail FROM export_attempt_events WHERE job_id = %s AND kind = 'Failed'",
+                           (created["job_id"],)).fetchone()["detail"]
+    assert failed.startswith("BuildFailed (configuration)") and parties["alice"].fingerprint in failed
+    assert peer.files() == {}
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    ("malformed", "not a well-formed OpenPGP public key"),
+    ("expired", "expired"),
+    ("missing", "No such file"),
+])
+def test_a_malformed_expired_or_missing_partner_key_is_refused_at_destination_add_and_nothing_is_written(
+        exports_cli, admin, parties, tmp_path, option, says):
+    exports_cli("tenant", "add", TENANT)
+    paths = {"malformed": tmp_path / "bad.asc", "expired": parties["expired"], "missing": tmp_path / "none.asc"}
+    paths["malformed"].write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nnot a key\n"
+                                  "-----END PGP PUBLIC KEY BLOCK-----\n")
+    host_key = paramiko.RSAKey.generate(1024)
+
+    result = exports_cli("destination", "add", "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1",
+                         "--username", "u", "--remote-dir", "/in", "--credential-ref", "env:X",
+                         "--host-key", f"[127.0.0.1]:22 ssh-rsa {host_key.get_base64()}",
+                         "--encrypt-to", str(paths[option]), expect=2)
+
+    assert says.lower() in result.stderr.lower() and result.stderr.count("\n") == 1
+    assert admin.execute("SELECT count(*) AS n FROM destinations").fetchone()["n"] == 0

@@ -77,7 +77,7 @@ class Encryptor:
         if exc_type is not None:
             self.abort()
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes | bytearray) -> None:
         """Hands gpg the next plaintext; blocks while gpg catches up. EncryptionFailed if gpg died (the output
         is then removed) or the encryption was finished or aborted."""
         proc = self._proc

@@ -85,7 +85,7 @@ class Home:
 @contextmanager
 def throwaway_home(*, agent: bool) -> Iterator[Home]:
     """A home of its own for one check, under a new private temporary directory, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="exports-openpgp-check-"))   # 0700
+    path = Path(tempfile.mkdtemp(prefix=f"exports-openpgp-{os.getpid()}-check-"))   # 0700
     try:
         home = Home(path, agent=agent)
     except BaseException:

@@ -102,7 +102,8 @@ class _Keyrings:
                signer_path: str | None) -> tuple[Home, str | None]:
         with self._lock:
             if self._root is None:
-                self._root = Path(tempfile.mkdtemp(prefix="exports-openpgp-"))   # 0700
+                # 0700; the pid says whose it is (an agent outliving a killed worker is found by it).
+                self._root = Path(tempfile.mkdtemp(prefix=f"exports-openpgp-{os.getpid()}-"))
             root = self._root
         path = Path(tempfile.mkdtemp(prefix="k", dir=root))
         try:

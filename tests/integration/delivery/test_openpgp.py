@@ -39,48 +39,14 @@ from app.delivery.openpgp import (
     parse_public_key,
 )
 from exports_devtools.waiting import wait_until
+from tests.fixtures.openpgp import Party, gpg, make_party
 from tests.support import Background, unavailable
 
 CHUNK = 256 * 1024
 STREAM = 20 * 1024 * 1024
 #: Where the module keeps its homes (its private directory and the throwaway ones), to find their agents.
-OURS = os.path.join(tempfile.gettempdir(), "exports-openpgp-")
-
-
-def gpg(home: Path, *args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    """The test's own gpg, on one party's home; stdin is a pipe (``data``), never inherited."""
-    return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--no-tty", "--status-fd", "2", *args],
-                          input=data, capture_output=True, check=True, timeout=60)
-
-
-@dataclass(frozen=True)
-class Party:
-    home: Path
-    fingerprint: str
-    public: str
-
-    def export_secret(self, path: Path, passphrase: str = "") -> Path:
-        armor = ["--armor"] if path.suffix == ".asc" else []   # a key file may be either
-        path.write_bytes(gpg(self.home, "--pinentry-mode", "loopback", "--passphrase", passphrase, *armor,
-                             "--export-secret-keys", self.fingerprint).stdout)
-        return path
-
-
-def make_party(root: Path, name: str, *, usage: str = "encrypt", expire: str = "never", passphrase: str = "",
-               algo: str = "ed25519", when: str | None = None) -> Party:
-    """A keypair in a home of its own: a certification key plus an encryption subkey (``usage="encrypt"``),
-    or a single signing key (``usage="sign"``); ``when`` fakes gpg's clock (a key that has long expired)."""
-    home = root / name
-    home.mkdir(mode=0o700)
-    faked = ["--faked-system-time", when] if when else []
-    secret = ["--pinentry-mode", "loopback", "--passphrase", passphrase]
-    primary_usage = "cert" if usage == "encrypt" and algo == "ed25519" else ("sign" if usage == "sign" else "default")
-    gpg(home, *faked, *secret, "--quick-gen-key", f"{name} <{name}@example.com>", algo, primary_usage, expire)
-    colons = gpg(home, "--with-colons", "--list-keys").stdout.decode()
-    fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
-    if usage == "encrypt" and algo == "ed25519":
-        gpg(home, *faked, *secret, "--quick-add-key", fingerprint, "cv25519", "encr", expire)
-    return Party(home, fingerprint, gpg(home, "--armor", "--export", fingerprint).stdout.decode())
+#: Only this process's: other tests' processes (a worker signing exports) have homes of their own.
+OURS = os.path.join(tempfile.gettempdir(), f"exports-openpgp-{os.getpid()}-")
 
 
 @dataclass(frozen=True)

@@ -172,4 +172,5 @@ def test_attribute_names_that_need_escaping_somewhere_are_refused(name):
 def test_describe_says_what_the_partner_receives():
     lines = Profile.checked(columns=(Column("email", "Email"),), compression=Compression.GZIP).describe()
 
-    assert lines[0] == "columns: email=Email" and "gzip" in lines[2] and "contacts-{delivery_key}.csv" in lines[3]
+    assert lines[0] == "columns: email=Email" and "gzip" in lines[2] and lines[3] == "encryption: none"
+    assert "contacts-{delivery_key}.csv" in lines[4]
