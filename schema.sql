@@ -163,6 +163,8 @@ CREATE TABLE export_jobs (
     deferred_since           timestamptz,
     last_deferral            text,
     expected_profile_version int,                       -- recorded at cutoff 2: the profile the file was built with
+    expected_marker_name     text,                      -- recorded at cutoff 2: the completion marker, if any,
+    expected_marker          bytea,                     --   and its whole content
     CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id),
     CONSTRAINT ck_export_jobs_replacement CHECK ((replaces_job_id IS NULL) = (replacement_reason IS NULL)),
     CONSTRAINT ck_export_jobs_overwrite CHECK (overwrite_agreement_ref IS NULL OR replaces_job_id IS NOT NULL),

@@ -239,7 +239,9 @@ class ExportRunner:
                 return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
             if stop.is_set():
                 raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
-            expected = ExpectedFile(job.file_name, built.size, built.sha256)
+            marker = profile.marker_file(job.file_name, size=built.size, sha256=built.sha256, rows=built.rows,
+                                         export_id=job.id, delivery_key=job.delivery_key)
+            expected = ExpectedFile(job.file_name, built.size, built.sha256, *(marker or (None, None)))
             original = job.original_expected   # read with the job: final, since the original had ended
 
             # Reach the partner while the job is Running: a session, the baseline, the decision.

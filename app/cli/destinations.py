@@ -38,7 +38,7 @@ from app.delivery.credentials import parse_credential_ref
 from app.delivery.errors import CredentialError, HostKeyError, ProfileError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
 from app.delivery.openpgp import OpenPGPError, PartnerKey, check_signing_key, parse_public_key, parse_signing_ref
-from app.delivery.profile import Column, Compression, Format, LineEnding, Profile, Quoting
+from app.delivery.profile import Column, Compression, Format, LineEnding, Marker, Profile, Quoting
 from app.store import directory, partner
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
@@ -162,6 +162,10 @@ def _profile_arguments(p: argparse.ArgumentParser, *, editing: bool) -> None:
                          help="the file name template: {delivery_key}, {sequence} (or {sequence:06d}), {tenant}, "
                               "{created} (or {created:%%Y-%%m-%%d}); it needs {delivery_key} or {sequence}"
                               + (keep or " (default contacts-{delivery_key}.csv)"))
+    options.add_argument("--marker", type=_choice(Marker), metavar="none|done|manifest",
+                         help="for a partner that ingests only complete transfers: after the file, an empty "
+                              "<file>.done, or <file>.manifest.json (name, bytes, sha256, rows, export id, delivery "
+                              "key); the export is Completed only once both are there" + (keep or " (default none)"))
     encryption = options.add_mutually_exclusive_group()
     encryption.add_argument("--encrypt-to", action="append", type=text(4096), metavar="KEY_FILE",
                             help="OpenPGP: encrypt the file (after compression) to the partner's public key in this "
@@ -183,7 +187,7 @@ def _profile_arguments(p: argparse.ArgumentParser, *, editing: bool) -> None:
 def _profile(args: argparse.Namespace, base: Profile) -> Profile:
     settings: dict[str, Any] = {}
     for option in ("format", "delimiter", "quoting", "header", "line_ending", "bom", "neutralize_formulas",
-                   "compression", "file_name", "time_zone"):
+                   "compression", "file_name", "time_zone", "marker"):
         value = getattr(args, option)
         if value is not None:
             settings[option] = value

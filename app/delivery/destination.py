@@ -82,14 +82,14 @@ class Destination:
 
     # -- observation ----------------------------------------------------------------------------
 
-    def inspect(self, final_name: str, *, with_hash: bool = True) -> Listing:
+    def inspect(self, final_name: str, *, with_hash: bool = True, marker_name: str | None = None) -> Listing:
         """What the destination shows now under a final name (for recovery and reconciliation).
 
         Raises the connection's error if the destination cannot be reached; callers treat that as
         "no evidence", never as absence.
         """
         with connect(self.config, self._pinned, self._credential()) as session:
-            return listing.list_final(session, self.config, final_name, with_hash=with_hash)
+            return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
 
     # -- before cutoff 2 ------------------------------------------------------------------------
 

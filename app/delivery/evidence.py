@@ -58,6 +58,8 @@ class Listing:
     #: The acknowledgment file's content (lower-case sha256 hex), if the partner wrote one.
     ack: str | None = None
     observed_at: datetime = field(default_factory=_now, compare=False)
+    #: The sha256 (hex) of our completion marker's content, where the profile writes one and it is there.
+    marker: str | None = None
 
     @property
     def occupied(self) -> bool:
@@ -105,6 +107,10 @@ class Listing:
             return Proof.NAME_AND_SIZE
         return Proof.NONE
 
+    def marker_matches(self, expected: ExpectedFile) -> bool:
+        """The completion marker the expected file needs is there with its content; true when it needs none."""
+        return expected.marker is None or self.marker == expected.marker_sha256_hex
+
     def matches(self, expected: ExpectedFile) -> bool:
         """Name and size at least, and nothing contradicts: the weakest acceptable tie."""
         return self.proof_for(expected) is not Proof.NONE
@@ -119,6 +125,8 @@ class Listing:
             "hash_source": self.hash_source,
             "ack": self.ack,
             "observed_at": self.observed_at.isoformat(),
+            # Only where there is one: a listing without a marker serialises as it always did.
+            **({"marker": self.marker} if self.marker is not None else {}),
         }
 
     @classmethod
@@ -139,6 +147,7 @@ class Listing:
             hash_source=_optional(payload, "hash_source", str),
             ack=_optional(payload, "ack", str),
             observed_at=datetime.fromisoformat(observed_at) if observed_at else _now(),
+            marker=_optional(payload, "marker", str),
         )
 
 

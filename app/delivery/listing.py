@@ -5,6 +5,7 @@ and recovery's inspection observe through here.
 
 from __future__ import annotations
 
+import hashlib
 import stat as stat_module
 import time
 
@@ -18,6 +19,8 @@ ACK_POLL_INTERVAL = 0.05
 ACK_SUFFIX = ".ack"
 #: An acknowledgment file larger than this is not an acknowledgment, in bytes.
 MAX_ACK_BYTES = 1024
+#: A completion marker larger than this is not ours (a manifest is a few hundred bytes).
+MAX_MARKER_BYTES = 64 * 1024
 
 
 def ack_name(final_name: str) -> str:
@@ -25,22 +28,34 @@ def ack_name(final_name: str) -> str:
     return final_name + ACK_SUFFIX
 
 
-def list_final(session: Session, config: DestinationConfig, final_name: str, *, with_hash: bool) -> Listing:
-    """What the destination shows now under ``final_name``."""
+def list_final(session: Session, config: DestinationConfig, final_name: str, *, with_hash: bool,
+               marker_name: str | None = None) -> Listing:
+    """What the destination shows now under ``final_name`` (and its completion marker, when named)."""
     path = config.remote_path(final_name)
     ack = read_ack(session, config, final_name) if config.acknowledgments else None
+    marker = read_marker(session, config, marker_name) if marker_name is not None else None
     try:
         attrs = session.sftp.stat(path)
     except FileNotFoundError:
-        return Listing(final_name=final_name, present=False, ack=ack)
+        return Listing(final_name=final_name, present=False, ack=ack, marker=marker)
     if attrs.st_mode is not None and not stat_module.S_ISREG(attrs.st_mode):
         # A directory or special file still occupies the name; it just cannot be a delivery.
-        return Listing(final_name=final_name, present=True, size=None, mtime=attrs.st_mtime, ack=ack)
+        return Listing(final_name=final_name, present=True, size=None, mtime=attrs.st_mtime, ack=ack, marker=marker)
     digest, source = (None, None)
     if with_hash:
         digest, source = _hash(session, config, path)
     return Listing(final_name=final_name, present=True, size=attrs.st_size, mtime=attrs.st_mtime, sha256=digest,
-                   hash_source=source, ack=ack)
+                   hash_source=source, ack=ack, marker=marker)
+
+
+def read_marker(session: Session, config: DestinationConfig, marker_name: str) -> str | None:
+    """The sha256 (hex) of the completion marker's content; None when there is none."""
+    try:
+        with session.sftp.open(config.remote_path(marker_name), "rb") as remote:
+            raw = remote.read(MAX_MARKER_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    return "<oversized>" if len(raw) > MAX_MARKER_BYTES else hashlib.sha256(raw).hexdigest()
 
 
 def _hash(session: Session, config: DestinationConfig, path: str) -> tuple[bytes | None, str | None]:
@@ -78,4 +93,4 @@ def await_ack(session: Session, config: DestinationConfig, after: Listing, basel
     if ack == after.ack:
         return after
     return Listing(final_name=after.final_name, present=after.present, size=after.size, mtime=after.mtime,
-                   sha256=after.sha256, hash_source=after.hash_source, ack=ack)
+                   sha256=after.sha256, hash_source=after.hash_source, ack=ack, marker=after.marker)

@@ -12,6 +12,7 @@ a replacement delivers under its original's name, and cutoff 2 records it as it 
 from __future__ import annotations
 
 import enum
+import json
 import re
 import string
 import unicodedata
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.delivery.errors import ProfileError
@@ -38,9 +40,10 @@ _ATTRIBUTE_NAME = re.compile(r"\w[\w .()/#&+-]*", re.UNICODE)
 MAX_COLUMNS = 200
 MAX_HEADER = 128
 
-#: The partner server's limit on a name is 255 bytes on every server we know; the temporary name adds
-#: a dot, the attempt id and ``.part`` (43 bytes) to the final one.
-MAX_FILE_NAME_BYTES = 255 - 43
+#: The partner server's limit on a name is 255 bytes on every server we know; a temporary name adds a
+#: dot, the attempt id and ``.part`` (43 bytes) to the name it becomes, and the longest completion
+#: marker's name adds ``.manifest.json`` (14) to the file's.
+MAX_FILE_NAME_BYTES = 255 - 43 - 14
 DEFAULT_FILE_NAME = "contacts-{delivery_key}.csv"
 
 #: Characters a file name template may hold outside its placeholders: what every SFTP server, and the
@@ -75,6 +78,20 @@ class LineEnding(enum.StrEnum):
 class Compression(enum.StrEnum):
     NONE = "none"
     GZIP = "gzip"
+
+
+class Marker(enum.StrEnum):
+    """What is written after the file, for a partner that ingests only complete transfers."""
+
+    NONE = "none"
+    #: An empty ``<file>.done``.
+    DONE = "done"
+    #: ``<file>.manifest.json``: the file's name, bytes, sha256, rows, the export's id and delivery key.
+    MANIFEST = "manifest"
+
+    def name_for(self, file_name: str) -> str | None:
+        return {Marker.NONE: None, Marker.DONE: file_name + ".done",
+                Marker.MANIFEST: file_name + ".manifest.json"}[self]
 
 
 def attribute_name_problem(name: str) -> str | None:
@@ -150,6 +167,7 @@ class Profile:
     encrypt_to: tuple[PartnerKey, ...] = ()
     #: A reference to our signing key (``keyfile:/path`` or ``env-keyfile:NAME``), never the key.
     sign_with: str | None = None
+    marker: Marker = Marker.NONE
     #: Anything a later release adds, kept as read so a profile round-trips through this one.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -208,13 +226,14 @@ class Profile:
                 "header": self.header, "line_ending": self.line_ending.value, "bom": self.bom,
                 "neutralize_formulas": self.neutralize_formulas, "compression": self.compression.value,
                 "file_name": self.file_name, "time_zone": self.time_zone,
-                "encrypt_to": [key.to_json() for key in self.encrypt_to], "sign_with": self.sign_with}
+                "encrypt_to": [key.to_json() for key in self.encrypt_to], "sign_with": self.sign_with,
+                "marker": self.marker.value}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Profile:
         """A stored profile. It was checked when it was stored; this only reads it."""
         known = {"columns", "format", "delimiter", "quoting", "header", "line_ending", "bom", "neutralize_formulas",
-                 "compression", "file_name", "time_zone", "encrypt_to", "sign_with"}
+                 "compression", "file_name", "time_zone", "encrypt_to", "sign_with", "marker"}
         default = cls()
         return cls(
             columns=tuple(Column(c["source"], c["header"]) for c in data["columns"]) if "columns" in data
@@ -231,6 +250,7 @@ class Profile:
             time_zone=data.get("time_zone", default.time_zone),
             encrypt_to=tuple(PartnerKey.from_json(key) for key in data.get("encrypt_to") or ()),
             sign_with=data.get("sign_with"),
+            marker=Marker(data.get("marker", default.marker)),
             extra={k: v for k, v in data.items() if k not in known})
 
     def describe(self) -> list[str]:
@@ -246,7 +266,21 @@ class Profile:
                 f"format: {shape}",
                 f"compression: {self.compression.value}",
                 f"encryption: {self._encryption()}",
-                f"file name: {self.file_name} (dates in {self.time_zone})"]
+                f"file name: {self.file_name} (dates in {self.time_zone})",
+                f"completion marker: {self.marker.name_for('<file>') or 'none'}"]
+
+    def marker_file(self, file_name: str, *, size: int, sha256: bytes, rows: int, export_id: UUID,
+                    delivery_key: str) -> tuple[str, bytes] | None:
+        """The completion marker for a built file: its name and its whole content, or None without one.
+        A function of what cutoff 2 records with it, so it can be recorded and checked byte for byte."""
+        name = self.marker.name_for(file_name)
+        if name is None:
+            return None
+        if self.marker is Marker.DONE:
+            return name, b""
+        manifest = {"name": file_name, "bytes": size, "sha256": sha256.hex(), "rows": rows,
+                    "export_id": str(export_id), "delivery_key": delivery_key}
+        return name, (json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
     def _encryption(self) -> str:
         if not self.encrypt_to:

@@ -89,6 +89,8 @@ class Ready:
             else:
                 stage = Stage.CONFIRM
                 outcome = self._confirm(session)
+                if isinstance(outcome, Completed) and self._expected.marker_name is not None:
+                    outcome = self._mark(session, outcome)
                 log.info("delivery.finished", **self._fields, outcome=outcome.status)
         except Exception as exc:
             # The session saw an error: it is closed rather than kept, and the look afterwards is taken
@@ -165,6 +167,38 @@ class Ready:
         else:
             return Unknown("the destination does not show the delivered file after the rename")
         return Completed(Receipt(proof=proof, overwrote=self.overwrite, evidence=evidence))
+
+    def _mark(self, session: Session, confirmed: Completed) -> DeliveryOutcome:
+        """The completion marker, after the file is confirmed: written as the file was (a temporary name,
+        then a rename that refuses an existing target), then confirmed with the file. Completed only
+        with both; the file is delivered either way, so a marker not confirmed is Unknown, never Failed."""
+        expected = self._expected
+        assert expected.marker_name is not None and expected.marker is not None
+        temp = temp_name(expected.marker_name, self._attempt_id)
+        source, target = self.config.remote_path(temp), self.config.remote_path(expected.marker_name)
+        renamed = False
+        try:
+            with session.sftp.open(source, "wbx") as out:
+                out.write(expected.marker)
+            session.sftp.rename(source, target)
+            renamed = True
+            after = listing.list_final(session, self.config, expected.name, with_hash=True,
+                                       marker_name=expected.marker_name)
+        except Exception as exc:
+            if not renamed:
+                self._remove_temp(temp, None)
+            log.warning("delivery.marker_not_confirmed", **self._fields, marker=expected.marker_name,
+                        error=describe(exc, redact=self._credential.redactions()))
+            return Unknown(f"the file is delivered; its completion marker {expected.marker_name} was not "
+                           f"confirmed ({type(exc).__name__})")
+        evidence = Evidence(EvidenceStage.RECEIPT, after, self._attempt_id)
+        self._record_later(evidence)
+        if not after.marker_matches(expected) or after.contradicts(expected):
+            return Unknown(f"after writing {expected.marker_name} the destination does not show the file and "
+                           "its marker as written")
+        log.info("delivery.marked", **self._fields, marker=expected.marker_name)
+        # The file's proof stands (the confirmation established it); the receipt is the look with both.
+        return Completed(Receipt(proof=confirmed.receipt.proof, overwrote=self.overwrite, evidence=evidence))
 
     def _fresh_listing(self) -> Listing | None:
         """List the final name on a new connection after an interruption; None if that fails too."""

@@ -91,13 +91,15 @@ class DeliveryVerdict:
 def proves_delivery(listing: Listing, expected: ExpectedFile, baseline: Listing, *, weak_allowed: bool) -> Proof:
     """The proof a listing gives that the expected file was published by this attempt, or NONE.
 
-    It must show the expected name, have changed from the baseline, and match the expected file with
+    It must show the expected name, its completion marker where the profile writes one (the marker is
+    what a partner that ingests complete transfers waits for: without it nothing is delivered to them),
+    have changed from the baseline, and match the expected file with
     nothing contradicting it (size, and hash where the partner exposes one). A checksum, or an
     acknowledgment newer than the baseline's, is enough; name and size alone only when the baseline
     was absent and no refused rename showed the name occupied (then a file there is this delivery,
     published by atomic rename, and no other).
     """
-    if listing.final_name != expected.name or listing.same_as(baseline):
+    if listing.final_name != expected.name or listing.same_as(baseline) or not listing.marker_matches(expected):
         return Proof.NONE
     proof = listing.proof_for(expected)
     if proof is Proof.ACKNOWLEDGMENT and listing.ack == baseline.ack:
@@ -130,6 +132,8 @@ def decide_delivery(expected: ExpectedFile | None, *, replacement: bool, evidenc
         seen = "destination inspection failed: " + inspect_error
     elif listing is None:
         seen = "destination not inspected"
+    elif listing.present and not listing.marker_matches(expected):
+        seen = f"destination shows {expected.name} but not its completion marker {expected.marker_name}"
     elif listing.present:
         seen = f"destination shows {expected.name} with size {listing.size}, not proven this attempt's"
     else:
@@ -137,8 +141,10 @@ def decide_delivery(expected: ExpectedFile | None, *, replacement: bool, evidenc
     return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN, f"no evidence matches the expected file; {seen}")
 
 
-def expected_file(name: str | None, size: int | None, sha256: bytes | None) -> ExpectedFile | None:
+def expected_file(name: str | None, size: int | None, sha256: bytes | None, marker_name: str | None = None,
+                  marker: bytes | None = None) -> ExpectedFile | None:
     """What cutoff 2 recorded, or None when it recorded nothing usable."""
-    if name is None or size is None or sha256 is None or len(sha256) != 32:
+    if name is None or size is None or sha256 is None or len(sha256) != 32 or (marker_name is None) != (marker is None):
         return None
-    return ExpectedFile(name=name, size=size, sha256=bytes(sha256))
+    return ExpectedFile(name=name, size=size, sha256=bytes(sha256), marker_name=marker_name,
+                        marker=None if marker is None else bytes(marker))

@@ -59,7 +59,8 @@ class DestinationInspector:
             row = directory.read_destination(conn, tenant_id=job.tenant_id, destination_id=job.destination_id)
         if row is None:
             return None
-        return Destination(DestinationConfig.from_row(row)).inspect(job.expected_file_name)
+        return Destination(DestinationConfig.from_row(row)).inspect(job.expected_file_name,
+                                                                    marker_name=job.expected_marker_name)
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,8 @@ class Recovery:
             inspect_error = type(exc).__name__
             log.warning("recovery.inspect_failed", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id,
                         error=inspect_error)
-        expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
+        expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256,
+                                 job.expected_marker_name, job.expected_marker)
         evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
         verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
                                   listing=listing, inspect_error=inspect_error)
@@ -313,7 +315,8 @@ class Recovery:
             if not evidence.observations:
                 self._unproven[job.job_id] = (job.attempt_id, job.last_event_id)
                 return 0
-            expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256)
+            expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256,
+                                     job.expected_marker_name, job.expected_marker)
             verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
                                       listing=None, inspect_error=None)
             if verdict.resolution is not Resolution.COMPLETED:

@@ -110,6 +110,8 @@ class ExportJob(peewee.Model):
     deferred_since = peewee.DateTimeField(null=True)
     last_deferral = peewee.TextField(null=True)
     expected_profile_version = peewee.IntegerField(null=True)
+    expected_marker_name = peewee.TextField(null=True)
+    expected_marker = peewee.BlobField(null=True)
 
     class Meta:
         table_name = "export_jobs"

@@ -35,6 +35,9 @@ class ExpiredAttempt:
     expected_file_bytes: int | None
     expected_file_sha256: bytes | None
     destination_id: UUID
+    #: The completion marker cutoff 2 recorded, if the profile writes one.
+    expected_marker_name: str | None = None
+    expected_marker: bytes | None = None
 
 
 def scan_expired(conn: psycopg.Connection, *, batch_size: int = 100) -> list[ExpiredAttempt]:
@@ -46,7 +49,8 @@ def scan_expired(conn: psycopg.Connection, *, batch_size: int = 100) -> list[Exp
             deferrals=r["deferrals"], replaces_job_id=r["replaces_job_id"], expected_file_name=r["expected_file_name"],
             expected_file_bytes=r["expected_file_bytes"],
             expected_file_sha256=_bytes(r["expected_file_sha256"]),
-            destination_id=r["destination_id"])
+            destination_id=r["destination_id"], expected_marker_name=r["expected_marker_name"],
+            expected_marker=_bytes(r["expected_marker"]))
         for r in rows
     ]
 
@@ -111,6 +115,8 @@ class UnknownOutcome:
     expected_file_sha256: bytes | None
     #: The id of the attempt's newest event: its evidence is unchanged while this is.
     last_event_id: int | None = None
+    expected_marker_name: str | None = None
+    expected_marker: bytes | None = None
 
 
 def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_size: int) -> list[UnknownOutcome]:
@@ -119,7 +125,8 @@ def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_
     return [UnknownOutcome(job_id=r["id"], tenant_id=r["tenant_id"], attempt_id=r["attempt_id"],
                            replaces_job_id=r["replaces_job_id"], expected_file_name=r["expected_file_name"],
                            expected_file_bytes=r["expected_file_bytes"],
-                           expected_file_sha256=_bytes(r["expected_file_sha256"]), last_event_id=r["last_event_id"])
+                           expected_file_sha256=_bytes(r["expected_file_sha256"]), last_event_id=r["last_event_id"],
+                           expected_marker_name=r["expected_marker_name"], expected_marker=_bytes(r["expected_marker"]))
             for r in rows]
 
 

@@ -4,7 +4,8 @@ constraint itself by a test, so the two cannot drift apart."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -152,16 +153,26 @@ class ExpectedFile:
     name: str
     size: int
     sha256: bytes
+    #: The completion marker written after the file, for a partner that ingests only complete transfers:
+    #: its name and its whole content (an empty ``.done``, or the manifest), recorded with the file.
+    marker_name: str | None = None
+    marker: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.sha256) != 32:
             raise ValueError("sha256 must be a 32-byte digest")
         if self.size < 0:
             raise ValueError("size must not be negative")
+        if (self.marker_name is None) != (self.marker is None):
+            raise ValueError("a marker has a name and a content, or neither")
 
     @property
     def sha256_hex(self) -> str:
         return self.sha256.hex()
+
+    @property
+    def marker_sha256_hex(self) -> str | None:
+        return None if self.marker is None else hashlib.sha256(self.marker).hexdigest()
 
     def __repr__(self) -> str:
         return f"ExpectedFile(name={self.name!r}, size={self.size}, sha256={self.sha256.hex()[:16]}...)"

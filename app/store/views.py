@@ -85,6 +85,9 @@ class Job:
     last_deferral: str | None
     #: Recorded at cutoff 2: the delivery profile version the file was built with.
     expected_profile_version: int | None
+    #: Recorded at cutoff 2: the completion marker written after the file, and its content.
+    expected_marker_name: str | None
+    expected_marker: bytes | None
 
 
 @dataclass(frozen=True)

@@ -314,3 +314,59 @@ def test_a_malformed_expired_or_missing_partner_key_is_refused_at_destination_ad
 
     assert says.lower() in result.stderr.lower() and result.stderr.count("\n") == 1
     assert admin.execute("SELECT count(*) AS n FROM destinations").fetchone()["n"] == 0
+
+
+# --- completion markers -----------------------------------------------------------------------------------
+
+
+@pytest.mark.openssh
+def test_a_manifest_follows_the_file_and_names_its_bytes_sha256_rows_export_and_key_as_cutoff_2_recorded(
+        partner_system, admin):
+    system, peer, contacts = partner_system
+    _add_destination(system, peer, "ingest", "--marker", "manifest", "--compression", "gzip",
+                     "--file-name", "feed-{sequence}-{delivery_key}.csv.gz")
+
+    delivered = _deliver(system, admin, "ingest")
+
+    data = _received(peer, delivered)
+    manifest_bytes = peer.files()[delivered["final_name"] + ".manifest.json"]
+    manifest = json.loads(manifest_bytes)
+    assert manifest == {"name": delivered["final_name"], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                        "rows": len(contacts), "export_id": delivered["job_id"],
+                        "delivery_key": delivered["delivery_key"]}
+    assert manifest["rows"] == len(list(csv.reader(io.StringIO(gzip.decompress(data).decode(), newline="")))) - 1
+    row = delivered["row"]
+    assert (row["expected_marker_name"], bytes(row["expected_marker"])) == (delivered["final_name"] + ".manifest.json",
+                                                                            manifest_bytes)
+    assert sorted(peer.files()) == sorted([delivered["final_name"], delivered["final_name"] + ".manifest.json"])
+
+
+@pytest.mark.openssh
+def test_a_done_marker_is_an_empty_file_beside_the_delivered_one(partner_system, admin):
+    system, peer, _contacts = partner_system
+    _add_destination(system, peer, "ingest", "--marker", "done")
+
+    delivered = _deliver(system, admin, "ingest")
+
+    _received(peer, delivered)
+    assert peer.files()[delivered["final_name"] + ".done"] == b""
+
+
+@pytest.mark.openssh
+def test_a_marker_that_cannot_be_written_leaves_the_export_outcome_unknown_with_the_file_delivered_once(
+        partner_system, admin):
+    system, peer, _contacts = partner_system
+    _add_destination(system, peer, "ingest", "--marker", "done", "--file-name", "feed-{sequence}.csv")
+    # The marker's name is taken (by a directory the partner left): the no-overwrite rename refuses it.
+    (peer.inbox / "feed-1.csv.done").mkdir()
+
+    created = system.cli("create", "--tenant", TENANT, "--destination", "ingest", "--by", OPERATOR, "--json").json
+    wait_status(system, admin, created["job_id"], "OutcomeUnknown")
+
+    assert created["final_name"] == "feed-1.csv"
+    row = job_row(admin, created["job_id"])
+    assert hashlib.sha256((peer.inbox / "feed-1.csv").read_bytes()).digest() == bytes(row["expected_file_sha256"])
+    finished = admin.execute("SELECT detail FROM export_attempt_events WHERE job_id = %s AND kind = 'Finished'",
+                             (created["job_id"],)).fetchone()["detail"]
+    assert "completion marker feed-1.csv.done was not confirmed" in finished
+    assert not any(name.startswith(".") for name in peer.files())   # no temporary marker left behind

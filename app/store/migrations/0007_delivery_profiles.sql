@@ -41,8 +41,11 @@ ALTER TABLE deliveries ENABLE TRIGGER tr_deliveries_append_only;
 ALTER TABLE deliveries ALTER COLUMN file_name SET NOT NULL;
 ALTER TABLE deliveries ADD CONSTRAINT ck_deliveries_file_name CHECK (length(file_name) BETWEEN 1 AND 255);
 
--- Which profile version the attempt that reached cutoff 2 built its file with (NULL before cutoff 2).
+-- Which profile version the attempt that reached cutoff 2 built its file with, and the completion marker
+-- it writes after the file (its name and whole content; NULL without one), all recorded at cutoff 2.
 ALTER TABLE export_jobs ADD COLUMN expected_profile_version int;
+ALTER TABLE export_jobs ADD COLUMN expected_marker_name text;
+ALTER TABLE export_jobs ADD COLUMN expected_marker bytea;
 
 GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
 GRANT UPDATE (profile_version, file_sequence) ON destinations TO exports_app;

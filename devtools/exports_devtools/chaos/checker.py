@@ -45,6 +45,7 @@ The rules, as ``docs/protocol.md`` states the promises:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,8 @@ class _Judge:
             for job in completed:
                 self.completed_file(job, jobs)
         names = {jobs[0]["file_name"] for jobs in self.by_key.values()}
+        names |= {job["expected_marker_name"] for jobs in self.by_key.values() for job in jobs
+                  if job["expected_marker_name"] is not None}
         for relative in self.partner.final_names():
             if relative.rsplit("/", 1)[-1] not in names:
                 self.flag("unaccounted-final-file", None, f"{relative} exists and no job delivers under its name")
@@ -168,6 +171,14 @@ class _Judge:
                 wrong.append(f"size {present.size} != expected {size}")
             if present.sha256 != bytes(sha).hex():
                 wrong.append(f"sha256 {present.sha256[:16]}... != expected {bytes(sha).hex()[:16]}...")
+        marker_name, marker = job["expected_marker_name"], job["expected_marker"]
+        if marker_name is not None:
+            # A partner that ingests on the marker has nothing until it is there, as recorded.
+            found = self.partner.file(directory, marker_name)
+            if found is None:
+                wrong.append(f"its completion marker {self.partner.relative(directory, marker_name)} is missing")
+            elif marker is not None and found.sha256 != hashlib.sha256(bytes(marker)).hexdigest():
+                wrong.append(f"its completion marker {marker_name} is not the one recorded at cutoff 2")
         if wrong:
             self.flag("completed-file-mismatch", job["id"], "Completed, but " + ", ".join(wrong))
 

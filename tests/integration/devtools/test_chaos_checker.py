@@ -524,3 +524,40 @@ def test_job_history_reads_the_row_events_outbox_cancellations_and_partner_file(
     assert history["partner_file"] is None
     assert job_history(world.admin, uuid.uuid4(), world.root, REMOTE_DIR)["row"] is None
 
+
+
+# --- completion markers ----------------------------------------------------------------------------------
+
+
+def _marked(world, content: bytes = b"id,email\n11,m@example.com\n") -> tuple[Job, Path, bytes]:
+    """A Completed job whose profile writes a marker: cutoff 2 recorded it, and both files are there."""
+    job = world.seed.running()
+    name = export.final_name(job.delivery_key)
+    marker = json.dumps({"name": name, "bytes": len(content)}).encode()
+    expected = ExpectedFile(name, len(content), hashlib.sha256(content).digest(), marker_name=name + ".manifest.json",
+                            marker=marker)
+    assert export.try_authorize_delivery(world.conn, job_id=job.id, tenant_id=job.tenant_id,
+                                         attempt_id=job.attempt_id, expected=expected, replaces_job_id=None) == 1
+    world.rename_onto(job, content)
+    marker_path = world.path(job).with_name(name + ".manifest.json")
+    marker_path.write_bytes(marker)
+    world.finish(job, Status.COMPLETED)
+    world.publish()
+    return job, marker_path, marker
+
+
+def test_a_completed_job_with_its_file_and_its_recorded_marker_breaks_no_rule(world):
+    _marked(world)
+
+    assert world.fired() == set()
+
+
+def test_a_completed_job_whose_marker_is_missing_or_not_the_recorded_one_is_named(world):
+    job, marker_path, marker = _marked(world)
+
+    marker_path.write_bytes(marker + b" ")
+    assert world.fired() == {("completed-file-mismatch", job.id)}
+    marker_path.unlink()
+    violations = world.check()
+    assert [(v.rule, v.job_id) for v in violations] == [("completed-file-mismatch", job.id)]
+    assert "completion marker" in violations[0].detail and "missing" in violations[0].detail

@@ -25,9 +25,17 @@ LEASE_SECONDS = 600.0
 FILE_SIZE = 123
 
 
+def marked(key: str) -> bool:
+    """Half the keys' profiles write a completion marker after the file (``<file>.done``)."""
+    return hashlib.sha256(key.encode()).digest()[0] % 2 == 0
+
+
 def expected_file(key: str, attempt: UUID) -> ExpectedFile:
-    """The file an attempt builds: a rebuild can differ, so its hash is the attempt's own."""
-    return ExpectedFile(export.final_name(key), FILE_SIZE, hashlib.sha256(attempt.bytes).digest())
+    """The file an attempt builds: a rebuild can differ, so its hash is the attempt's own; with its
+    completion marker where the key's profile writes one, recorded with it at cutoff 2."""
+    name = export.final_name(key)
+    marker = (name + ".done", b"") if marked(key) else (None, None)
+    return ExpectedFile(name, FILE_SIZE, hashlib.sha256(attempt.bytes).digest(), *marker)
 
 
 def baseline(key: str, attempt: UUID) -> str:
@@ -36,11 +44,16 @@ def baseline(key: str, attempt: UUID) -> str:
 
 
 def receipt(key: str, attempt: UUID, proves: bool) -> str:
-    """A receipt the attempt appends: of its own file (name, size and checksum), or of a file whose
-    size contradicts it."""
+    """A receipt the attempt appends: of its own file (name, size and checksum, and its marker where it
+    has one), or one that proves nothing: for a marked key, its own file without the marker (the partner
+    has not been told it is complete), else a file whose size contradicts it."""
     wanted = expected_file(key, attempt)
-    listing = Listing(wanted.name, present=True, size=wanted.size if proves else wanted.size + 1,
-                      sha256=wanted.sha256, hash_source="check-file-name")
+    if proves or wanted.marker is not None:
+        listing = Listing(wanted.name, present=True, size=wanted.size, sha256=wanted.sha256,
+                          hash_source="check-file-name", marker=wanted.marker_sha256_hex if proves else None)
+    else:
+        listing = Listing(wanted.name, present=True, size=wanted.size + 1, sha256=wanted.sha256,
+                          hash_source="check-file-name")
     return Evidence(EvidenceStage.RECEIPT, listing, str(attempt)).to_detail()
 
 

@@ -3,6 +3,8 @@ a stored profile reads back as the profile that was stored."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -15,6 +17,7 @@ from app.delivery.profile import (
     Compression,
     Format,
     LineEnding,
+    Marker,
     Profile,
     Quoting,
     attribute_name_problem,
@@ -174,3 +177,18 @@ def test_describe_says_what_the_partner_receives():
 
     assert lines[0] == "columns: email=Email" and "gzip" in lines[2] and lines[3] == "encryption: none"
     assert "contacts-{delivery_key}.csv" in lines[4]
+
+
+def test_a_manifest_names_the_file_its_bytes_sha256_rows_export_and_key_and_a_done_marker_is_empty():
+    export_id = uuid.UUID("7f0c3a52-8a62-4c1e-9d0e-2b7e8f6a1c11")
+    facts = dict(size=120, sha256=b"\x01" * 32, rows=3, export_id=export_id, delivery_key="k1")
+
+    name, content = Profile.checked(marker=Marker.MANIFEST).marker_file("f.csv", **facts)
+
+    assert name == "f.csv.manifest.json" and content.endswith(b"\n")
+    assert json.loads(content) == {"name": "f.csv", "bytes": 120, "sha256": "01" * 32, "rows": 3,
+                                   "export_id": str(export_id), "delivery_key": "k1"}
+    # A function of what cutoff 2 records: the same facts give the same bytes, so they can be compared.
+    assert Profile.checked(marker=Marker.MANIFEST).marker_file("f.csv", **facts)[1] == content
+    assert Profile.checked(marker=Marker.DONE).marker_file("f.csv", **facts) == ("f.csv.done", b"")
+    assert DEFAULT_PROFILE.marker_file("f.csv", **facts) is None

@@ -203,3 +203,49 @@ def test_expected_file_is_none_unless_cutoff_2_recorded_a_name_a_size_and_a_full
     assert expected_file(NAME, None, EXPECTED.sha256) is None
     assert expected_file(NAME, EXPECTED.size, None) is None
     assert expected_file(NAME, EXPECTED.size, EXPECTED.sha256[:16]) is None
+
+
+# -- completion markers -------------------------------------------------------------------------------
+
+MANIFEST = b'{"name":"contacts-tenant-7-key-42.csv","rows":1}\n'
+MARKED = ExpectedFile(name=NAME, size=EXPECTED.size, sha256=EXPECTED.sha256, marker_name=NAME + ".manifest.json",
+                      marker=MANIFEST)
+
+
+def _with_marker(listing: Listing, content: bytes | None) -> Listing:
+    return Listing(final_name=listing.final_name, present=listing.present, size=listing.size, mtime=listing.mtime,
+                   sha256=listing.sha256, hash_source=listing.hash_source,
+                   marker=None if content is None else hashlib.sha256(content).hexdigest())
+
+
+def test_a_file_whose_completion_marker_is_missing_is_unknown_and_the_summary_says_the_marker_is_missing() -> None:
+    verdict = decide(evidence(ABSENT, (EvidenceStage.RECEIPT, CHECKSUM)), listing=CHECKSUM, expected=MARKED)
+
+    assert verdict.resolution is Resolution.OUTCOME_UNKNOWN
+    assert verdict.summary.endswith(f"shows {NAME} but not its completion marker {NAME}.manifest.json")
+
+
+def test_a_marker_whose_content_is_not_the_recorded_one_proves_nothing() -> None:
+    other = _with_marker(CHECKSUM, b'{"name":"someone else"}\n')
+
+    assert decide(evidence(ABSENT, (EvidenceStage.RECEIPT, other)), expected=MARKED).resolution \
+        is Resolution.OUTCOME_UNKNOWN
+
+
+def test_the_file_with_its_recorded_marker_is_completed_by_the_same_proof_as_without_one() -> None:
+    marked = _with_marker(NAME_AND_SIZE, MANIFEST)
+
+    verdict = decide(evidence(ABSENT, (EvidenceStage.RECEIPT, NAME_AND_SIZE), (EvidenceStage.RECEIPT, marked)),
+                     expected=MARKED)
+
+    assert verdict.resolution is Resolution.COMPLETED
+    assert verdict.summary == "receipt shows the expected file (name-and-size)"
+
+
+def test_a_listing_with_a_marker_round_trips_and_one_without_serialises_as_it_always_did() -> None:
+    marked = _with_marker(CHECKSUM, MANIFEST)
+
+    assert Listing.from_dict(marked.as_dict()) == marked
+    assert "marker" not in CHECKSUM.as_dict()
+    assert expected_file(NAME, EXPECTED.size, EXPECTED.sha256, MARKED.marker_name, MANIFEST) == MARKED
+    assert expected_file(NAME, EXPECTED.size, EXPECTED.sha256, MARKED.marker_name, None) is None
