@@ -1,16 +1,19 @@
 """The short soak CI runs: ``exports chaos`` for a few minutes with a fixed seed and every fault kind,
 on the embedded services (or the configured test services), must end with no violation, having
-injected each kind a few times. docs/reliability.md describes the long one."""
+injected each kind a few times; where gpg is installed (always under CI), with both destinations
+delivering gzip + OpenPGP + a manifest (``--partner-files``). docs/reliability.md describes the long one."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 from exports_devtools.chaos.faults import KINDS
 from exports_devtools.processes import EXPORTS, clean_environ
+from tests.support import IN_CI
 
 MINUTES = 2.5
 SEED = 7
@@ -28,6 +31,8 @@ def test_a_short_soak_with_every_fault_kind_keeps_every_promise(tmp_path: Path):
         args += ["--database-url", os.environ["EXPORTS_TEST_DATABASE_URL"]]
     if os.environ.get("EXPORTS_TEST_BROKER_URL"):
         args += ["--broker-url", os.environ["EXPORTS_TEST_BROKER_URL"]]
+    if IN_CI or shutil.which("gpg"):
+        args.append("--partner-files")
     done = subprocess.run(args, env=clean_environ(EXPORTS_STATE_DIR=str(tmp_path / "var")), capture_output=True,
                           text=True, timeout=20 * 60, stdin=subprocess.DEVNULL)
 

@@ -70,6 +70,8 @@ class SoakOptions:
     database_url: str | None = None
     broker_url: str | None = None
     report_path: Path | None = None
+    #: Both destinations deliver gzip + OpenPGP + a manifest (needs gpg).
+    partner_files: bool = False
 
 
 @dataclass
@@ -98,7 +100,7 @@ class Soak:
         say(f"chaos: seed {options.seed}, {options.minutes:g} min at {options.rate:g} exports/s, "
             f"{options.faults_per_minute:g} faults/min over {len(options.kinds)} kinds")
         with ChaosSystem(self.settings, database_url=options.database_url, broker_url=options.broker_url,
-                         say=say) as system:
+                         partner_files=options.partner_files, say=say) as system:
             say(f"  system up: database {system.database}, logs in {system.log_dir}")
             violations = self._soak(system)
             if self.workload_errors:

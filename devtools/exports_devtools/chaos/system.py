@@ -76,12 +76,15 @@ class ChaosSystem(SoakServices):
     def __init__(self, state_dir: Path | Settings, *, database_url: str | None = None, broker_url: str | None = None,
                  contacts: int = CONTACTS, second_destination: bool = True,
                  settings: Mapping[str, str] = CHAOS_SETTINGS, drop_database: bool = False,
-                 say: Callable[[str], None] = lambda _text: None) -> None:
+                 partner_files: bool = False, say: Callable[[str], None] = lambda _text: None) -> None:
         self.state_dir = (state_dir.state_dir if isinstance(state_dir, Settings) else Path(state_dir)).resolve()
         self.configured_database = database_url
         self.configured_broker = broker_url
         self.contacts = contacts
         self.second_destination = second_destination
+        #: Both destinations deliver gzip, encrypted with OpenPGP to a partner key made for the soak, and a
+        #: manifest after each file.
+        self.partner_files = partner_files
         self.settings = dict(settings)
         #: Drop the soak's database at stop(), e.g. in tests; a soak keeps it for a look afterwards.
         self.drop_database = drop_database
@@ -179,6 +182,7 @@ class ChaosSystem(SoakServices):
         self.cli("operator", "grant", "--operator", self.operator, "--tenant", self.tenant, "--reconciliation")
         self.cli("contacts", "generate", "--tenant", self.tenant, "--count", str(self.contacts), "--seed", "7")
         key = self.partner.address.known_hosts_line.split(None, 1)[1]
+        profile = self._partner_files_profile() if self.partner_files else ()
         for index, (name, remote_dir) in enumerate(DESTINATIONS):
             if index and not self.second_destination:
                 break
@@ -186,12 +190,29 @@ class ChaosSystem(SoakServices):
                 "destination", "add", "--tenant", self.tenant, "--name", name, "--host", "127.0.0.1",
                 "--port", str(self.link.port), "--username", PARTNER_USER, "--remote-dir", remote_dir,
                 "--credential-ref", f"keyfile:{self._client_key}", "--host-key", f"[127.0.0.1]:{self.link.port} {key}",
-                *(("--remote-hash",) if index == 0 else ()))
+                *(("--remote-hash",) if index == 0 else ()), *profile)
             destination_id = UUID(added["destination_id"])
             self.destination_ids.append(destination_id)
             self.remote_dirs[destination_id] = remote_dir
         self.say(f"  tenant {self.tenant!r} ({self.tenant_id}), {self.contacts} contacts, operator {self.operator!r}, "
                  f"{len(self.destination_ids)} destination(s) through the link")
+
+    def _partner_files_profile(self) -> tuple[str, ...]:
+        """The profile options of ``partner_files``: a partner keypair made with gpg for this soak (its
+        public key is what the destinations encrypt to)."""
+        home = self.base_dir / "partner" / "gpg"
+        home.mkdir(parents=True, mode=0o700)
+        gpg = ["gpg", "--homedir", str(home), "--batch", "--no-tty", "--passphrase", "", "--pinentry-mode", "loopback"]
+        run = lambda *args: subprocess.run([*gpg, *args], check=True, capture_output=True, timeout=60)  # noqa: E731
+        run("--quick-gen-key", "Chaos Partner <partner@example.com>", "ed25519", "cert", "never")
+        colons = run("--with-colons", "--list-keys").stdout.decode()
+        fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+        run("--quick-add-key", fingerprint, "cv25519", "encr", "never")
+        public = home.parent / "partner.asc"
+        public.write_bytes(run("--armor", "--export", fingerprint).stdout)
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+        return ("--compression", "gzip", "--encrypt-to", str(public), "--marker", "manifest",
+                "--file-name", "contacts-{delivery_key}.csv.gz.gpg")
 
     def _start_processes(self) -> None:
         self.processes = ProcessGroup(self.env, self.log_dir)

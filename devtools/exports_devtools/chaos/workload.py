@@ -28,6 +28,7 @@ from uuid import UUID
 
 import psycopg
 
+from app.delivery import naming
 from app.store import cancellation, export, views
 from app.store.database import connect
 from app.store.types import CancellationReply, EditResult, ReplacementResult, Role, Status
@@ -193,9 +194,9 @@ class Workload:
     def create(self) -> UUID | None:
         job_id = uuid.uuid4()
         try:
-            result = export.create(self._conn(), job_id=job_id, tenant_id=self.target.tenant_id,
-                                   destination_id=self.target.destination_ids[0], delivery_key=uuid.uuid4().hex,
-                                   created_by=self.target.operator)
+            result, _name = naming.create_export(self._conn(), job_id=job_id, tenant_id=self.target.tenant_id,
+                                                 destination_id=self.target.destination_ids[0],
+                                                 delivery_key=uuid.uuid4().hex, created_by=self.target.operator)
         except DATABASE_AWAY:
             # The creation may have committed without its answer: the checker sees such a job like any
             # other, so it still counts; we just cannot follow it up.
@@ -248,7 +249,8 @@ class Workload:
             if job is None or job.status != Status.OUTCOME_UNKNOWN.value or job.attempt_id is None:
                 continue
             evidence = self._partner_shows(self.target.partner_dirs.get(job.destination_id), job.expected_file_name,
-                                           job.expected_file_bytes, job.expected_file_sha256)
+                                           job.expected_file_bytes, job.expected_file_sha256,
+                                           job.expected_marker_name, job.expected_marker)
             if evidence is not None:
                 if export.reconcile(self._conn(), tenant_id=self.target.tenant_id, job_id=job.id,
                                     attempt_id=job.attempt_id, resolution=Status.COMPLETED, evidence=evidence,
@@ -261,20 +263,21 @@ class Workload:
             if summary.failure_reason == "NotDelivered" and self._draw(lambda r: r.random()) < REPLACE_SHARE:
                 self._replace(summary.id, "chaos: not delivered, send it again")
 
-    def _partner_shows(self, directory: Path | None, name: str | None, size: int | None,
-                       sha256: bytes | None) -> str | None:
+    def _partner_shows(self, directory: Path | None, name: str | None, size: int | None, sha256: bytes | None,
+                       marker_name: str | None = None, marker: bytes | None = None) -> str | None:
         """The evidence an operator would cite: the partner's file under the expected name with the
-        expected size and hash, or None."""
+        expected size and hash, and its completion marker as recorded where there is one; or None."""
         if directory is None or not name or size is None or sha256 is None:
             return None
-        path = directory / name
         try:
-            data = path.read_bytes()
+            data = (directory / name).read_bytes()
+            marked = marker_name is None or (directory / marker_name).read_bytes() == bytes(marker or b"")
         except OSError:
             return None
-        if len(data) != size or hashlib.sha256(data).digest() != sha256:
+        if len(data) != size or hashlib.sha256(data).digest() != sha256 or not marked:
             return None
-        return f"operator listing of the partner: {name} {size} bytes sha256 {sha256.hex()}"
+        with_marker = f" and its marker {marker_name}" if marker_name else ""
+        return f"operator listing of the partner: {name} {size} bytes sha256 {sha256.hex()}{with_marker}"
 
     def _replace(self, job_id: UUID, reason: str) -> None:
         result = export.create_replacement(self._conn(), job_id=uuid.uuid4(), tenant_id=self.target.tenant_id,

@@ -67,6 +67,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "database; default: the embedded one")
     p.add_argument("--broker-url", default=None, metavar="URL",
                    help="a Redis for the soak's broker; default: the embedded one")
+    p.add_argument("--partner-files", action="store_true",
+                   help="both destinations deliver gzip encrypted with OpenPGP (to a partner key made for the soak) "
+                        "and a manifest after each file (needs gpg)")
     p.add_argument("--report", default=None, metavar="PATH", help="where to write the JSON report "
                    "(default EXPORTS_STATE_DIR/chaos/report-<time>.json)")
     p.set_defaults(handler=chaos, long_running=True)
@@ -86,7 +89,8 @@ def chaos(ctx: Context, args: argparse.Namespace) -> int:
     options = soak.SoakOptions(minutes=args.minutes, rate=args.rate, seed=args.seed, kinds=kinds,
                                faults_per_minute=args.faults_per_minute, settle_minutes=args.settle_minutes,
                                grace_seconds=args.grace, database_url=args.database_url,
-                               broker_url=args.broker_url, report_path=Path(args.report) if args.report else None)
+                               broker_url=args.broker_url, report_path=Path(args.report) if args.report else None,
+                               partner_files=args.partner_files)
     report, path = soak.run(ctx.settings, options)
     if ctx.json:
         print(json.dumps(report, indent=2, default=str))
