@@ -309,7 +309,7 @@ def test_a_malformed_expired_or_missing_partner_key_is_refused_at_destination_ad
 
     result = exports_cli("destination", "add", "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1",
                          "--username", "u", "--remote-dir", "/in", "--credential-ref", "env:X",
-                         "--host-key", f"[127.0.0.1]:22 ssh-rsa {host_key.get_base64()}",
+                         "--host-key", f"127.0.0.1 ssh-rsa {host_key.get_base64()}",
                          "--encrypt-to", str(paths[option]), expect=2)
 
     assert says.lower() in result.stderr.lower() and result.stderr.count("\n") == 1
@@ -370,3 +370,32 @@ def test_a_marker_that_cannot_be_written_leaves_the_export_outcome_unknown_with_
                              (created["job_id"],)).fetchone()["detail"]
     assert "completion marker feed-1.csv.done was not confirmed" in finished
     assert not any(name.startswith(".") for name in peer.files())   # no temporary marker left behind
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (("--column", "password"), "unknown column 'password'"),
+    (("--column", "attributes.x'); DROP TABLE contacts;--"), "no quotes, semicolons"),
+    (("--file-name", "../{delivery_key}.csv"), "no path separators"),
+    (("--file-name", "daily.csv"), "needs {delivery_key} or {sequence}"),
+    (("--file-name", "{delivery_key}-{when}.csv"), "unknown placeholder"),
+    (("--delimiter", '"'), "delimiter"),
+    (("--format", "xml"), "one of csv, jsonl"),
+    (("--time-zone", "Mars/Base"), "unknown time zone"),
+    (("--sign-with", "keyfile:/nowhere/key.gpg"), "signing"),
+])
+def test_a_bad_profile_option_at_add_or_edit_is_one_line_and_exit_2_and_writes_nothing(exports_cli, admin, options,
+                                                                                        says):
+    exports_cli("tenant", "add", TENANT)
+    host_key = paramiko.RSAKey.generate(1024)
+    destination = ("destination", "add", "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1", "--username", "u",
+                   "--remote-dir", "/in", "--credential-ref", "env:X",
+                   "--host-key", f"127.0.0.1 ssh-rsa {host_key.get_base64()}")
+
+    added = exports_cli(*destination, *options, expect=2)
+    exports_cli(*destination)
+    edited = exports_cli("destination", "edit", "--tenant", TENANT, "--destination", "p", *options, expect=2)
+
+    for result in (added, edited):
+        assert says in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert admin.execute("SELECT count(*) AS n FROM destinations").fetchone()["n"] == 1
+    assert admin.execute("SELECT max(version) AS v FROM delivery_profiles").fetchone()["v"] == 1

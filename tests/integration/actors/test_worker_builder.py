@@ -5,9 +5,13 @@ wait; every other failure wrapped."""
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import io
+import os
+import shutil
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,9 +21,12 @@ from app import metrics
 from app.actors.builder import CHUNK_BYTES, BuildFailed, BuildStopped, ContactsBuilder, file_name
 from app.actors.policy import Scope
 from app.actors.stop import StopReason, StopSignal
+from app.delivery.openpgp import parse_public_key
+from app.delivery.profile import Compression, Profile
 from exports_devtools.waiting import wait_until
+from tests.fixtures.openpgp import gpg, make_party
 from tests.fixtures.worker import insert_contacts
-from tests.support import Background
+from tests.support import Background, unavailable
 
 
 @pytest.fixture
@@ -169,3 +176,64 @@ def _builder_backend(admin) -> int:
         " AND application_name = 'exports-builder' AND cardinality(pg_blocking_pids(pid)) > 0").fetchone(),
         "the builder's COPY to wait on the table lock", interval=0.01)
     return row["pid"]
+
+
+def _gpg_children() -> list[int]:
+    """This process's gpg children (the encryptor's), reaped ones not counted."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if name == "gpg" and int(rest[1]) == os.getpid() and rest[0] != "Z":
+                found.append(int(proc.name))
+    return found
+
+
+def test_a_stop_while_an_encrypted_build_streams_kills_gpg_and_leaves_no_file(db_url, conn, seed, tmp_path):
+    if shutil.which("gpg") is None:
+        unavailable("gpg (GnuPG 2.2) is not installed: .ci/install-sftp-servers installs it")
+    (tmp_path / "keys").mkdir()
+    partner = make_party(tmp_path / "keys", "partner")
+    tenant = seed.tenant()
+    insert_contacts(conn, tenant, 20_000, consent=True, prefix="enc-")
+    profile = Profile.checked(compression=Compression.GZIP, encrypt_to=(parse_public_key(partner.public),))
+    work = tmp_path / "work"
+    seen: list[list[int]] = []
+
+    def stop_once_gpg_runs(stop):
+        if not seen:
+            seen.append(_gpg_children())
+            stop.set(StopReason.STOP_REQUESTED)
+
+    with pytest.raises(BuildStopped) as stopped:
+        ContactsBuilder(db_url, work, checkpoint=stop_once_gpg_runs).build(
+            job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant, scope=Scope.CONSENTING_CONTACTS,
+            stop=StopSignal(), profile=profile)
+
+    assert stopped.value.reason is StopReason.STOP_REQUESTED
+    assert len(seen[0]) == 1   # gpg was running when the stop came, after the first chunk
+    assert _gpg_children() == [] and list(work.iterdir()) == []
+
+
+def test_an_encrypted_build_is_the_gzip_of_the_csv_under_openpgp_and_cutoff_2_gets_the_ciphertexts_hash(
+        db_url, conn, seed, tmp_path):
+    if shutil.which("gpg") is None:
+        unavailable("gpg (GnuPG 2.2) is not installed: .ci/install-sftp-servers installs it")
+    (tmp_path / "keys").mkdir()
+    partner = make_party(tmp_path / "keys", "partner")
+    tenant = seed.tenant()
+    insert_contacts(conn, tenant, 2_000, consent=True, prefix="enc-")
+    profile = Profile.checked(compression=Compression.GZIP, encrypt_to=(parse_public_key(partner.public),))
+
+    built = ContactsBuilder(db_url, tmp_path / "work").build(
+        job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant, scope=Scope.CONSENTING_CONTACTS,
+        stop=StopSignal(), profile=profile)
+
+    data = built.path.read_bytes()
+    assert (built.size, built.sha256, built.rows) == (len(data), hashlib.sha256(data).digest(), 2_000)
+    plain = gpg(partner.home, "--decrypt", data=data).stdout
+    assert gzip.decompress(plain) == _row_by_row(conn, tenant)
