@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import logs
-from app.delivery import listing
+from app.delivery import listing, markers
 from app.delivery.classifier import DeliveryOutcome, Failed, Stage, cause_of, classify, describe
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential, CredentialCache, resolve_credential
@@ -36,7 +36,7 @@ from app.delivery.errors import CredentialError, EvidenceNotRecorded, SessionLim
 from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof
 from app.delivery.session import connect
 from app.delivery.sessions import FreshSessions, SessionSource
-from app.delivery.upload import Ready, RecordEvidence, temp_name
+from app.delivery.upload import Ready, RecordEvidence
 from app.store.types import ExpectedFile, FailureCause, FailureCode
 
 log = logs.get(__name__)
@@ -91,6 +91,13 @@ class Destination:
         with connect(self.config, self._pinned, self._credential()) as session:
             return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
 
+    def complete_marker(self, expected: ExpectedFile, attempt_id: str) -> Listing:
+        """For recovery and reconciliation: the completion marker written where the file is there as
+        recorded and its marker is not (``app.delivery.markers.complete``), and what the destination shows
+        then. Raises the connection's error, like ``inspect``."""
+        with connect(self.config, self._pinned, self._credential()) as session:
+            return markers.complete(session, self.config, expected, attempt_id)
+
     # -- before cutoff 2 ------------------------------------------------------------------------
 
     def probe(self, *, sessions: SessionSource | None = None) -> Unreachable | None:
@@ -123,7 +130,7 @@ class Destination:
         final = expected.name
         # Programming errors, raised before anything is sent rather than classified.
         self.config.remote_path(final)
-        self.config.remote_path(temp_name(final, attempt_id))
+        self.config.remote_path(listing.temp_name(final, attempt_id))
         source = sessions or FreshSessions()
         fields = {"attempt_id": attempt_id, "final_name": final}
         try:

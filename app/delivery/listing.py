@@ -23,6 +23,12 @@ MAX_ACK_BYTES = 1024
 MAX_MARKER_BYTES = 64 * 1024
 
 
+def temp_name(name: str, attempt_id: str) -> str:
+    """The temporary name an attempt writes a file (or its marker) under before the rename; the partner
+    agrees to ignore dot-files ending in .part, and the attempt id keeps two attempts apart."""
+    return f".{name}.{attempt_id}.part"
+
+
 def ack_name(final_name: str) -> str:
     """The partner's acknowledgment file for a final name."""
     return final_name + ACK_SUFFIX

@@ -24,7 +24,7 @@ from pathlib import Path
 import paramiko
 
 from app import logs
-from app.delivery import listing
+from app.delivery import listing, markers
 from app.delivery.classifier import Completed, DeliveryOutcome, Stage, Unknown, classify, describe, is_status_reply
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
@@ -40,9 +40,6 @@ log = logs.get(__name__)
 RecordEvidence = Callable[[Evidence], None]
 
 
-def temp_name(final_name: str, attempt_id: str) -> str:
-    """The temporary name an attempt uploads under; the partner ignores dot-files ending in .part."""
-    return f".{final_name}.{attempt_id}.part"
 
 
 class Ready:
@@ -78,7 +75,7 @@ class Ready:
         if self._held is None:
             raise RuntimeError("the prepared delivery's session was already given back")
         session = self._held.session
-        temp = temp_name(self._expected.name, self._attempt_id)
+        temp = listing.temp_name(self._expected.name, self._attempt_id)
         stage = Stage.UPLOAD
         try:
             self._upload(session, Path(local_path), temp)
@@ -169,24 +166,15 @@ class Ready:
         return Completed(Receipt(proof=proof, overwrote=self.overwrite, evidence=evidence))
 
     def _mark(self, session: Session, confirmed: Completed) -> DeliveryOutcome:
-        """The completion marker, after the file is confirmed: written as the file was (a temporary name,
-        then a rename that refuses an existing target), then confirmed with the file. Completed only
-        with both; the file is delivered either way, so a marker not confirmed is Unknown, never Failed."""
+        """The completion marker, after the file is confirmed (``app.delivery.markers``), then a look that
+        shows both. Completed only with both; the file is delivered either way, so a marker not
+        confirmed is Unknown, never Failed (recovery and reconciliation may finish it)."""
         expected = self._expected
-        assert expected.marker_name is not None and expected.marker is not None
-        temp = temp_name(expected.marker_name, self._attempt_id)
-        source, target = self.config.remote_path(temp), self.config.remote_path(expected.marker_name)
-        renamed = False
         try:
-            with session.sftp.open(source, "wbx") as out:
-                out.write(expected.marker)
-            session.sftp.rename(source, target)
-            renamed = True
+            markers.write_marker(session, self.config, expected, self._attempt_id)
             after = listing.list_final(session, self.config, expected.name, with_hash=True,
                                        marker_name=expected.marker_name)
         except Exception as exc:
-            if not renamed:
-                self._remove_temp(temp, None)
             log.warning("delivery.marker_not_confirmed", **self._fields, marker=expected.marker_name,
                         error=describe(exc, redact=self._credential.redactions()))
             return Unknown(f"the file is delivered; its completion marker {expected.marker_name} was not "

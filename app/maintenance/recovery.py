@@ -26,11 +26,18 @@ from app.config import ConfigError, Settings
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
-from app.delivery.verdicts import DeliveryVerdict, Resolution, decide_delivery, expected_file, parse_evidence
+from app.delivery.verdicts import (
+    AttemptEvidence,
+    DeliveryVerdict,
+    Resolution,
+    decide_delivery,
+    expected_file,
+    parse_evidence,
+)
 from app.store import directory, export, recovery
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt, InspectionClaim, UnknownOutcome
-from app.store.types import Status
+from app.store.types import ExpectedFile, Status
 
 log = logs.get(__name__)
 
@@ -43,6 +50,9 @@ MAX_SUMMARY_CHARS = 300
 
 
 InspectDestination = Callable[[ExpiredAttempt], "Listing | None"]
+#: Writes an attempt's missing completion marker where its file is there as recorded (for an expired
+#: Delivering attempt or an OutcomeUnknown one), and answers what the destination shows then.
+FinishMarker = Callable[["ExpiredAttempt | UnknownOutcome", ExpectedFile], "Listing | None"]
 
 
 class DestinationInspector:
@@ -61,6 +71,22 @@ class DestinationInspector:
             return None
         return Destination(DestinationConfig.from_row(row)).inspect(job.expected_file_name,
                                                                     marker_name=job.expected_marker_name)
+
+
+class MarkerFinisher:
+    """The default ``finish_marker``: ``Destination.complete_marker`` on the job's destination."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def __call__(self, job: ExpiredAttempt | UnknownOutcome, expected: ExpectedFile) -> Listing | None:
+        if job.destination_id is None or job.attempt_id is None:
+            return None
+        with self.db.connection() as conn:
+            row = directory.read_destination(conn, tenant_id=job.tenant_id, destination_id=job.destination_id)
+        if row is None:
+            return None
+        return Destination(DestinationConfig.from_row(row)).complete_marker(expected, str(job.attempt_id))
 
 
 @dataclass(frozen=True)
@@ -138,10 +164,14 @@ class Recovery:
     """Takes over expired attempts, then reconciles OutcomeUnknown jobs whose evidence now proves a
     completed delivery. ``db`` runs as exports_app."""
 
-    def __init__(self, db: Database, config: RecoveryConfig, inspect_destination: InspectDestination | None = None):
+    def __init__(self, db: Database, config: RecoveryConfig, inspect_destination: InspectDestination | None = None,
+                 finish_marker: FinishMarker | None = None):
         self.db = db
         self.config = config
         self.inspect_destination = inspect_destination or DestinationInspector(db)
+        self.finish_marker = finish_marker or MarkerFinisher(db)
+        #: Attempts whose missing marker this process tried to finish.
+        self._markers_tried: set[UUID] = set()
         #: OutcomeUnknown jobs whose evidence did not prove a delivery, with the attempt and its newest
         #: event when judged: a pass reads their evidence again only once something was appended, so
         #: hundreds of jobs waiting for a person cost one scan per pass, not a query each.
@@ -280,7 +310,41 @@ class Recovery:
             # written; appending never changes the status.
             export.append_evidence(conn, job_id=job.job_id, attempt_id=job.attempt_id, observed_by=run_id,
                                    detail=Evidence(EvidenceStage.INSPECTED, listing, str(job.attempt_id)).to_detail())
-        return verdict
+        return self._marker_finished(conn, job, expected, evidence, verdict, run_id) or verdict
+
+    def _marker_finished(self, conn, job: ExpiredAttempt | UnknownOutcome, expected: ExpectedFile | None,
+                         evidence: AttemptEvidence, verdict: DeliveryVerdict, run_id: str) -> DeliveryVerdict | None:
+        """The verdict once a missing completion marker is written, for an attempt whose evidence proves
+        its file but not the marker (its worker lost between the two renames); None where there is
+        nothing to finish or finishing it failed. The marker goes only where the file is there as
+        recorded; what the destination shows afterwards is appended as evidence and decides."""
+        if verdict.resolution is Resolution.COMPLETED or expected is None or expected.marker is None \
+                or job.attempt_id is None or job.attempt_id in self._markers_tried:
+            return None
+        replacement = job.replaces_job_id is not None
+        unmarked = dataclasses.replace(expected, marker_name=None, marker=None)
+        if decide_delivery(unmarked, replacement=replacement, evidence=evidence, listing=None,
+                           inspect_error=None).resolution is not Resolution.COMPLETED:
+            return None
+        try:
+            listing = self.finish_marker(job, expected)
+        except Exception as exc:
+            # Not reached: the next pass tries again.
+            log.warning("recovery.marker_not_finished", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id,
+                        error=type(exc).__name__)
+            return None
+        # Reached: once per attempt per scheduler process. A marker name someone else holds is never
+        # written over, and asking again every pass would only append the same look again.
+        self._markers_tried.add(job.attempt_id)
+        if listing is None:
+            return None
+        export.append_evidence(conn, job_id=job.job_id, attempt_id=job.attempt_id, observed_by=run_id,
+                               detail=Evidence(EvidenceStage.INSPECTED, listing, str(job.attempt_id)).to_detail())
+        finished = decide_delivery(expected, replacement=replacement, evidence=evidence, listing=listing,
+                                   inspect_error=None)
+        log.info("recovery.marker_finished", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id,
+                 marker=expected.marker_name, resolution=finished.resolution.value)
+        return finished
 
     def _reconcile(self, run_id: str) -> tuple[int, int]:
         """One-shot per attempt (the unique index allows one Reconciled event): OutcomeUnknown ->
@@ -319,6 +383,7 @@ class Recovery:
                                      job.expected_marker_name, job.expected_marker)
             verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
                                       listing=None, inspect_error=None)
+            verdict = self._marker_finished(conn, job, expected, evidence, verdict, run_id) or verdict
             if verdict.resolution is not Resolution.COMPLETED:
                 self._unproven[job.job_id] = (job.attempt_id, job.last_event_id)
                 return 0

@@ -117,6 +117,8 @@ class UnknownOutcome:
     last_event_id: int | None = None
     expected_marker_name: str | None = None
     expected_marker: bytes | None = None
+    #: Where reconciliation finishes a missing completion marker.
+    destination_id: UUID | None = None
 
 
 def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_size: int) -> list[UnknownOutcome]:
@@ -126,7 +128,8 @@ def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_
                            replaces_job_id=r["replaces_job_id"], expected_file_name=r["expected_file_name"],
                            expected_file_bytes=r["expected_file_bytes"],
                            expected_file_sha256=_bytes(r["expected_file_sha256"]), last_event_id=r["last_event_id"],
-                           expected_marker_name=r["expected_marker_name"], expected_marker=_bytes(r["expected_marker"]))
+                           expected_marker_name=r["expected_marker_name"], expected_marker=_bytes(r["expected_marker"]),
+                           destination_id=r["destination_id"])
             for r in rows]
 
 

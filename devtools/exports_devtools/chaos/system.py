@@ -84,7 +84,7 @@ class ChaosSystem(SoakServices):
         self.second_destination = second_destination
         #: Both destinations deliver gzip, encrypted with OpenPGP to a partner key made for the soak, and a
         #: manifest after each file.
-        self.partner_files = partner_files
+        self.encrypted_with_manifest = partner_files
         self.settings = dict(settings)
         #: Drop the soak's database at stop(), e.g. in tests; a soak keeps it for a look afterwards.
         self.drop_database = drop_database
@@ -182,7 +182,7 @@ class ChaosSystem(SoakServices):
         self.cli("operator", "grant", "--operator", self.operator, "--tenant", self.tenant, "--reconciliation")
         self.cli("contacts", "generate", "--tenant", self.tenant, "--count", str(self.contacts), "--seed", "7")
         key = self.partner.address.known_hosts_line.split(None, 1)[1]
-        profile = self._partner_files_profile() if self.partner_files else ()
+        profile = self._partner_files_profile() if self.encrypted_with_manifest else ()
         for index, (name, remote_dir) in enumerate(DESTINATIONS):
             if index and not self.second_destination:
                 break

@@ -21,8 +21,7 @@ from app.delivery.classifier import Completed, Failed, Unknown
 from app.delivery.destination import Destination
 from app.delivery.errors import CredentialError
 from app.delivery.evidence import Evidence, EvidenceStage, Proof
-from app.delivery.listing import ack_name
-from app.delivery.upload import temp_name
+from app.delivery.listing import ack_name, temp_name
 from app.store.types import ExpectedFile, FailureCode
 from tests.fixtures.sftp import SftpPeer, key_secrets, make_client_key
 
@@ -583,3 +582,39 @@ def _other_host_key_line(peer: SftpPeer) -> str:
 def test_temporary_names_are_dot_files_unique_to_the_attempt() -> None:
     assert temp_name(FINAL, "att-1") == f".{FINAL}.att-1.part"
     assert temp_name(FINAL, "att-1") != temp_name(FINAL, "att-2")
+
+
+# -- completion markers, finished after the fact -------------------------------------------------------
+
+
+def _marked_expected(data: bytes) -> ExpectedFile:
+    return ExpectedFile(FINAL, len(data), hashlib.sha256(data).digest(), marker_name=FINAL + ".done", marker=b"")
+
+
+def test_a_missing_marker_is_written_only_where_the_file_is_there_as_recorded(peer: SftpPeer) -> None:
+    data = b"email\na@example.com\n"
+    expected = _marked_expected(data)
+    destination = peer.destination()
+
+    absent = destination.complete_marker(expected, "att-1")
+    (peer.inbox / FINAL).write_bytes(data + b"changed")
+    contradicted = destination.complete_marker(expected, "att-1")
+    (peer.inbox / FINAL).write_bytes(data)
+    finished = destination.complete_marker(expected, "att-1")
+
+    assert (absent.present, absent.marker) == (False, None)
+    assert contradicted.marker is None
+    assert finished.marker == hashlib.sha256(b"").hexdigest() and finished.marker_matches(expected)
+    assert sorted(peer.files()) == [FINAL, FINAL + ".done"]
+
+
+def test_a_marker_name_already_taken_is_never_written_over(peer: SftpPeer) -> None:
+    data = b"email\na@example.com\n"
+    (peer.inbox / FINAL).write_bytes(data)
+    (peer.inbox / (FINAL + ".done")).write_bytes(b"someone else's")
+
+    shown = peer.destination().complete_marker(_marked_expected(data), "att-1")
+
+    assert shown.marker == hashlib.sha256(b"someone else's").hexdigest()
+    assert (peer.inbox / (FINAL + ".done")).read_bytes() == b"someone else's"
+    assert sorted(peer.files()) == [FINAL, FINAL + ".done"]   # no temporary marker either

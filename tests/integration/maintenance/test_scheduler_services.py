@@ -8,6 +8,7 @@ embedded SFTP server where it is about what a real destination shows.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ from app.store import recovery as recovery_store
 from app.store.cancellation import request_cancellation
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt
-from app.store.types import CancellationOutcome, Role, Status
+from app.store.types import CancellationOutcome, ExpectedFile, Role, Status
 from exports_devtools.waiting import wait_until
 from tests.factories import DEFAULT_PROFILE_ROW, Job
 from tests.factories_more import States
@@ -719,3 +720,81 @@ def test_run_forever_takes_an_expired_attempt_over_and_stops_when_asked(db_url, 
         thread.join(DEADLINE)
     assert not thread.is_alive()
     assert seed.event_kinds(job) == ["Claimed", "RequeuedByRecovery"]
+
+
+# -- recovery: completion markers ----------------------------------------------------------------------
+
+MARKER = b'{"manifest":1}\n'
+
+
+def marked_delivering(seed, conn) -> tuple[Job, ExpectedFile]:
+    """A Delivering attempt whose profile writes a marker, its lease expired, with its baseline and a
+    receipt of its file taken before the marker (its worker was lost between the two renames)."""
+    job = seed.running()
+    plain = seed.expected(job)
+    expected = ExpectedFile(plain.name, plain.size, plain.sha256, marker_name=plain.name + ".manifest.json",
+                            marker=MARKER)
+    assert export.try_authorize_delivery(conn, job_id=job.id, tenant_id=job.tenant_id, attempt_id=job.attempt_id,
+                                         expected=expected, replaces_job_id=None) == 1
+    append(conn, job, EvidenceStage.BASELINE, listing_of(seed, job, present=False))
+    append(conn, job, EvidenceStage.RECEIPT, listing_of(seed, job))
+    seed.expire_lease(job)
+    return job, expected
+
+
+class FakeFinisher:
+    """Records what recovery asked to finish, and answers what a destination would show afterwards."""
+
+    def __init__(self, shows_marker: bool = True) -> None:
+        self.asked: list[tuple[uuid.UUID, ExpectedFile]] = []
+        self.shows_marker = shows_marker
+
+    def __call__(self, job, expected: ExpectedFile) -> Listing:
+        self.asked.append((job.job_id, expected))
+        digest = hashlib.sha256(expected.marker).hexdigest() if self.shows_marker and expected.marker else None
+        return Listing(final_name=expected.name, present=True, size=expected.size, mtime=1_700_000_000,
+                       marker=digest)
+
+
+def test_an_expired_delivery_whose_file_is_proven_but_not_its_marker_gets_the_marker_written_and_ends_completed(
+        app_db, conn, seed, tmp_path):
+    job, expected = marked_delivering(seed, conn)
+    finisher = FakeFinisher()
+    service = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path)),
+                       FakeDestination(listing_of(seed, job)), finisher)
+
+    assert service.run_once() == RecoveryCounts(scanned=1, completed=1)
+
+    assert seed.status(job) is Status.COMPLETED
+    assert finisher.asked == [(job.id, expected)]
+    inspected = [e["detail"] for e in seed.events(job)
+                 if e["kind"] == "DeliveryEvidence" and '"inspected"' in e["detail"]]
+    assert len(inspected) == 2 and hashlib.sha256(MARKER).hexdigest() in inspected[-1]
+
+
+def test_a_marker_recovery_cannot_write_leaves_the_delivery_outcome_unknown_and_is_not_asked_for_again(
+        app_db, conn, seed, tmp_path):
+    job, _expected = marked_delivering(seed, conn)
+    finisher = FakeFinisher(shows_marker=False)   # the marker's name is someone else's
+    service = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path)),
+                       FakeDestination(listing_of(seed, job)), finisher)
+
+    assert service.run_once() == RecoveryCounts(scanned=1, outcome_unknown=1)
+    assert service.run_once() == RecoveryCounts()
+
+    assert seed.status(job) is Status.OUTCOME_UNKNOWN and len(finisher.asked) == 1
+    [resolved] = [e for e in seed.events(job) if e["kind"] == "ResolvedByRecovery"]
+    assert "not its completion marker" in resolved["detail"]
+
+
+def test_an_outcome_unknown_whose_file_is_proven_gets_its_marker_written_and_is_reconciled_completed(
+        app_db, conn, seed, tmp_path):
+    job, expected = marked_delivering(seed, conn)
+    assert export.try_finish_delivery(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id=WORKER,
+                                      outcome=Status.OUTCOME_UNKNOWN) == 1
+    finisher = FakeFinisher()
+    service = Recovery(app_db, RecoveryConfig.from_settings(settings_for(tmp_path)), FakeDestination(), finisher)
+
+    assert service.reconcile_once() == RecoveryCounts(reconciled=1)
+
+    assert seed.status(job) is Status.COMPLETED and finisher.asked == [(job.id, expected)]
