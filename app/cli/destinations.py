@@ -50,7 +50,8 @@ DESTINATION_ADD_EXITS = (
 )
 DESTINATION_EDIT_EXITS = (
     EXIT_NOT_FOUND,
-    Exit(EXIT_REFUSED, "refused: another edit of this destination's profile committed first; nothing written"),
+    Exit(EXIT_REFUSED, "refused: the profile is not the version given, or another edit committed first; "
+                       "nothing written"),
 )
 #: Rows ``exports preview`` prints unless told otherwise, and at most.
 PREVIEW_ROWS = 10
@@ -100,6 +101,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
     p.add_argument("--by", type=name, help="who edits it, for the profile's record (default: this login's name)")
+    p.add_argument("--expected-version", type=positive_int(1_000_000), metavar="N",
+                   help="edit only if the profile is still version N (what destination show printed)")
     _profile_arguments(p, editing=True)
     p.set_defaults(handler=destination_edit)
 
@@ -280,6 +283,9 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
         current = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
         if current is None:
             raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
+        if args.expected_version is not None and args.expected_version != current.version:
+            raise refused(f"destination {found.name!r}: its profile is v{current.version}, not "
+                          f"v{args.expected_version}; nothing written")
         before = Profile.from_json(current.profile)
         after = _profile(args, before)
         if after.to_json() == before.to_json():

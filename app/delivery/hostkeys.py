@@ -70,7 +70,9 @@ def parse_host_key(line: str, host: str, port: int) -> PinnedHostKey:
                            "@cert-authority and @revoked pin no key")
     names, keytype, data = fields[:3]
     expected = known_hosts_name(host, port)
-    if not any(_names_host(name, expected) for name in names.split(",")):
+    # OpenSSH writes port 22 bare; "[host]:22" names the same server, so it is taken too.
+    accepted = (expected, f"[{host}]:22") if port == 22 else (expected,)
+    if not any(_names_host(name, wanted) for name in names.split(",") for wanted in accepted):
         raise HostKeyError(f"the host key is pinned for {_shown(names)}, not for {_shown(expected)}")
     try:
         key = paramiko.PKey.from_type_string(keytype, base64.b64decode(data, validate=True))

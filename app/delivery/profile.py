@@ -35,7 +35,7 @@ ATTRIBUTE_PREFIX = "attributes."
 #: semicolon or a control character. ``contacts import`` refuses any other header, so every field a
 #: tenant has can be named in a profile, and a name never needs escaping anywhere it travels.
 MAX_ATTRIBUTE_NAME = 64
-_ATTRIBUTE_NAME = re.compile(r"\w[\w .()/#&+-]*", re.UNICODE)
+_ATTRIBUTE_NAME = re.compile(r"[^\W_][\w .()/#&+-]*", re.UNICODE)
 
 MAX_COLUMNS = 200
 MAX_HEADER = 128
@@ -51,7 +51,8 @@ DEFAULT_FILE_NAME = "contacts-{delivery_key}.csv"
 _NAME_TEXT = re.compile(r"[\w .,+=@()\[\]~-]*", re.UNICODE)
 #: strftime directives a ``{created:...}`` placeholder may use: digits only, so a date never adds a separator.
 _DATE_SPEC = re.compile(r"(?:%[YmdHMSjy]|[-_.T])+")
-_SEQUENCE_SPEC = re.compile(r"0?[1-9]?d?")
+#: A width pads with zeros, never spaces: ``{sequence:06d}``.
+_SEQUENCE_SPEC = re.compile(r"(?:0[1-9])?d?")
 PLACEHOLDERS = ("delivery_key", "tenant", "created", "sequence")
 #: The longest each placeholder renders (a delivery key is 32 hex digits; a sequence fits a bigint).
 _SAMPLE_KEY = "f" * 32
@@ -191,11 +192,13 @@ class Profile:
         repeated = next((h for h, n in Counter(c.header for c in self.columns).items() if n > 1), None)
         if repeated is not None:
             raise ProfileError(f"header {_shown(repeated)} names two columns")
-        if len(self.delimiter) != 1 or not self.delimiter.isascii() or self.delimiter in '"\r\n\x00' \
+        if len(self.delimiter) != 1 or not self.delimiter.isascii() or self.delimiter in '"\r\n\x00 ' \
                 or (not self.delimiter.isprintable() and self.delimiter != "\t") or self.delimiter.isalnum():
             raise ProfileError("the delimiter is one ASCII punctuation character or tab, not a quote")
         if self.format is Format.JSONL and self.neutralize_formulas:
             raise ProfileError("formula neutralising is for CSV opened in a spreadsheet; JSON Lines has no cells")
+        if self.format is Format.JSONL and self.bom:
+            raise ProfileError("a byte order mark is for CSV; JSON parsers refuse one before JSON Lines")
         try:
             ZoneInfo(self.time_zone)
         except (ZoneInfoNotFoundError, ValueError):
@@ -260,7 +263,7 @@ class Profile:
                      f"{'header' if self.header else 'no header'}, {self.line_ending.value.upper()}"
                      f"{', BOM' if self.bom else ''}{', formulas neutralised' if self.neutralize_formulas else ''}")
         else:
-            shape = "JSON Lines (one object per contact)"
+            shape = f"JSON Lines (one object per contact), {self.line_ending.value.upper()}"
         columns = ", ".join(c.source if c.header == c.source else f"{c.source}={c.header}" for c in self.columns)
         return [f"columns: {columns}",
                 f"format: {shape}",

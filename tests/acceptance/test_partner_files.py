@@ -9,6 +9,7 @@ The expected files are computed here from the contacts the test imported, not fr
 
 from __future__ import annotations
 
+import base64
 import csv
 import gzip
 import hashlib
@@ -182,6 +183,9 @@ def test_an_edit_while_an_export_is_queued_builds_it_with_the_new_version_which_
     after = _deliver(system, admin, "partner")
 
     assert edited["profile_version"] == 2 and edited["previous_version"] == 1
+    stale = system.cli("destination", "edit", "--tenant", TENANT, "--destination", "partner", "--column", "email",
+                       "--expected-version", "1", expect=4)
+    assert "is v2, not v1; nothing written" in stale.stderr
     assert job_row(admin, before["job_id"])["expected_profile_version"] == 1
     assert after["row"]["expected_profile_version"] == 2
     first = list(csv.reader(io.StringIO(_received(peer, {**before, "row": job_row(admin, before["job_id"])}).decode(),
@@ -262,9 +266,13 @@ def test_gzip_then_openpgp_to_two_partners_signed_by_us_decrypts_with_each_partn
             re.search(rf"VALIDSIG \w+ .*{parties['ours'].fingerprint}", status)
         rows = list(csv.reader(io.StringIO(gzip.decompress(plain.read_bytes()).decode(), newline="")))
         assert rows == expected
-    # The signing key is a reference: neither it nor its path is on record.
-    stored = admin.execute("SELECT profile::text AS p FROM delivery_profiles").fetchall()
-    assert not any(parties["ours_secret"].read_bytes()[:40].hex() in r["p"] for r in stored)
+    # The signing key is a reference: the profile holds "keyfile:<path>", and nothing of the key itself
+    # (any 24 bytes of the secret key file, hex or base64, in any stored profile).
+    secret = parties["ours_secret"].read_bytes()
+    windows = [secret[i:i + 24] for i in range(0, len(secret) - 24, 24)]
+    stored = [r["p"] for r in admin.execute("SELECT profile::text AS p FROM delivery_profiles")]
+    assert added["profile"]["sign_with"] == f"keyfile:{parties['ours_secret']}"
+    assert not any(w.hex() in text or base64.b64encode(w).decode()[4:28] in text for w in windows for text in stored)
 
 
 @pytest.mark.openssh

@@ -64,6 +64,13 @@ def test_a_hashed_name_is_accepted_when_it_hashes_this_host_and_port() -> None:
         parse_host_key(f"{hashed} {KEY}", "127.0.0.1", 2223)
 
 
+def test_port_22_may_be_pinned_bare_as_openssh_writes_it_or_bracketed_and_is_kept_bare() -> None:
+    bare = parse_host_key(f"127.0.0.1 {KEY}", "127.0.0.1", 22)
+
+    assert parse_host_key(f"[127.0.0.1]:22 {KEY}", "127.0.0.1", 22) == bare
+    assert bare.line.startswith("127.0.0.1 ")
+
+
 @pytest.mark.parametrize("line, port", [
     (f"[127.0.0.1]:22 {KEY}", 2222),
     (f"127.0.0.1 {KEY}", 2222),

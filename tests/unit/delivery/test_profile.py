@@ -97,7 +97,7 @@ def test_two_columns_under_one_header_are_refused():
         Profile.checked(columns=(Column("email", "id"), Column("phone", "id")))
 
 
-@pytest.mark.parametrize("delimiter", ['"', "\n", "ab", "", "é", "a", "7"])
+@pytest.mark.parametrize("delimiter", ['"', "\n", "ab", "", "é", "a", "7", " "])
 def test_a_delimiter_that_is_not_one_ascii_punctuation_character_or_tab_is_refused(delimiter):
     with pytest.raises(ProfileError, match="delimiter"):
         Profile.checked(delimiter=delimiter)
@@ -108,9 +108,11 @@ def test_common_delimiters_are_taken(delimiter):
     assert Profile.checked(delimiter=delimiter).delimiter == delimiter
 
 
-def test_formula_neutralising_is_refused_for_json_lines():
+def test_formula_neutralising_and_a_bom_are_refused_for_json_lines():
     with pytest.raises(ProfileError, match="JSON Lines"):
         Profile.checked(format=Format.JSONL, neutralize_formulas=True)
+    with pytest.raises(ProfileError, match="byte order mark"):
+        Profile.checked(format=Format.JSONL, bom=True)
 
 
 def test_an_unknown_time_zone_is_refused():
@@ -131,6 +133,7 @@ def test_an_unknown_time_zone_is_refused():
     ("{created:%Y/%m}-{delivery_key}.csv", "is not allowed"),
     ("{created:%s}-{delivery_key}.csv", "is not allowed"),
     ("{sequence:>10}.csv", "is not allowed"),
+    ("{sequence:6d}.csv", "is not allowed"),   # a width pads with spaces unless it starts with 0
     ("{delivery_key", "a placeholder is"),
     ("x" * 200 + "{delivery_key}.csv", f"at most {MAX_FILE_NAME_BYTES}"),
     ("{delivery_key}:{tenant}.csv", "no path separators"),
@@ -167,7 +170,7 @@ def test_attribute_names_a_crm_exports_are_names(name):
     assert attribute_name_problem(name) is None
 
 
-@pytest.mark.parametrize("name", ["", " x", "x ", "a'b", "a;b", "a\tb", "-x", "a" * 65])
+@pytest.mark.parametrize("name", ["", " x", "x ", "a'b", "a;b", "a\tb", "-x", "_x", "a" * 65])
 def test_attribute_names_that_need_escaping_somewhere_are_refused(name):
     assert attribute_name_problem(name) is not None
 
