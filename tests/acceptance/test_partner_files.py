@@ -23,7 +23,8 @@ import paramiko
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.acceptance.steps import OPERATOR, TENANT, job_row, wait_status
+from exports_devtools.waiting import wait_until
+from tests.acceptance.steps import DEADLINE, OPERATOR, TENANT, builder_blocked_by, hold_builds, job_row, wait_status
 from tests.fixtures.openpgp import gpg, make_party
 from tests.fixtures.processes import System
 from tests.support import unavailable
@@ -407,3 +408,27 @@ def test_a_bad_profile_option_at_add_or_edit_is_one_line_and_exit_2_and_writes_n
         assert says in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert admin.execute("SELECT count(*) AS n FROM destinations").fetchone()["n"] == 1
     assert admin.execute("SELECT max(version) AS v FROM delivery_profiles").fetchone()["v"] == 1
+
+
+@pytest.mark.openssh
+def test_an_edit_committed_while_a_build_runs_does_not_reach_that_build_which_cutoff_2_records_as_the_old_version(
+        partner_system, admin, db_url):
+    system, peer, contacts = partner_system
+    _add_destination(system, peer, "partner", "--column", "email")
+    holder = hold_builds(db_url)
+    try:
+        created = system.cli("create", "--tenant", TENANT, "--destination", "partner", "--by", OPERATOR,
+                             "--json").json
+        wait_until(lambda: builder_blocked_by(admin, holder), "the build to wait on the contacts lock", DEADLINE)
+        # The attempt read version 1 with its job; version 2 commits while its COPY waits.
+        system.cli("destination", "edit", "--tenant", TENANT, "--destination", "partner", "--column", "email",
+                   "--column", "phone", "--by", OPERATOR)
+    finally:
+        holder.rollback()
+        holder.close()
+    wait_status(system, admin, created["job_id"], "Completed")
+
+    delivered = {**created, "row": job_row(admin, created["job_id"])}
+    rows = list(csv.reader(io.StringIO(_received(peer, delivered).decode(), newline="")))
+    assert rows == [["email"]] + [[c["email"]] for c in contacts]   # all of version 1, nothing of version 2
+    assert delivered["row"]["expected_profile_version"] == 1
