@@ -40,6 +40,7 @@ from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line,
 from app.delivery.openpgp import OpenPGPError, PartnerKey, check_signing_key, parse_public_key, parse_signing_ref
 from app.delivery.profile import Column, Compression, Format, LineEnding, Marker, Profile, Quoting
 from app.store import directory, partner
+from app.store.views import Destination, Tenant
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
 FETCH_HOST_KEY_TIMEOUT = 10.0
@@ -275,10 +276,15 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
+def _named(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destination]:
+    """The tenant and the destination of its that ``--tenant`` and ``--destination`` name."""
     views = ctx.views()
     tenant = cli_lookup.tenant(views, args.tenant)
-    found = cli_lookup.destination(views, tenant, args.destination)
+    return tenant, cli_lookup.destination(views, tenant, args.destination)
+
+
+def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
+    tenant, found = _named(ctx, args)
     with ctx.connection() as conn:
         current = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
         if current is None:
@@ -306,9 +312,7 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def destination_show(ctx: Context, args: argparse.Namespace) -> int:
-    views = ctx.views()
-    tenant = cli_lookup.tenant(views, args.tenant)
-    found = cli_lookup.destination(views, tenant, args.destination)
+    tenant, found = _named(ctx, args)
     with ctx.connection() as conn:
         row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
         stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id, version=args.version)
@@ -356,9 +360,7 @@ def destination_status(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def preview(ctx: Context, args: argparse.Namespace) -> int:
-    views = ctx.views()
-    tenant = cli_lookup.tenant(views, args.tenant)
-    found = cli_lookup.destination(views, tenant, args.destination)
+    tenant, found = _named(ctx, args)
     target = Path(args.output) if args.output else None
     with ctx.connection() as conn:
         stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)

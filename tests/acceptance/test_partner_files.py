@@ -9,7 +9,6 @@ The expected files are computed here from the contacts the test imported, not fr
 
 from __future__ import annotations
 
-import base64
 import csv
 import gzip
 import hashlib
@@ -17,6 +16,7 @@ import io
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import paramiko
@@ -267,13 +267,23 @@ def test_gzip_then_openpgp_to_two_partners_signed_by_us_decrypts_with_each_partn
             re.search(rf"VALIDSIG \w+ .*{parties['ours'].fingerprint}", status)
         rows = list(csv.reader(io.StringIO(gzip.decompress(plain.read_bytes()).decode(), newline="")))
         assert rows == expected
-    # The signing key is a reference: the profile holds "keyfile:<path>", and nothing of the key itself
-    # (any 24 bytes of the secret key file, hex or base64, in any stored profile).
-    secret = parties["ours_secret"].read_bytes()
-    windows = [secret[i:i + 24] for i in range(0, len(secret) - 24, 24)]
-    stored = [r["p"] for r in admin.execute("SELECT profile::text AS p FROM delivery_profiles")]
-    assert added["profile"]["sign_with"] == f"keyfile:{parties['ours_secret']}"
-    assert not any(w.hex() in text or base64.b64encode(w).decode()[4:28] in text for w in windows for text in stored)
+    # The signing key is a reference: the stored profile names it "keyfile:<path>", and the only key material
+    # it holds is the partners' public keys (imported into a home of their own, they give no secret key).
+    [stored] = [r["profile"] for r in admin.execute(
+        "SELECT p.profile FROM delivery_profiles p JOIN destinations d ON d.id = p.destination_id"
+        " WHERE d.name = 'secure'")]
+    assert stored["sign_with"] == f"keyfile:{parties['ours_secret']}"
+    assert set(stored) == set(added["profile"])
+    home = tmp_path / "stored-keys"
+    home.mkdir(mode=0o700)
+    gpg(home, "--import", data="".join(k["armored"] for k in stored["encrypt_to"]).encode())
+    listed = gpg(home, "--with-colons", "--list-keys").stdout.decode()
+    assert {line.split(":")[9] for line in listed.splitlines() if line.startswith("fpr:")} >= {
+        parties["alice"].fingerprint, parties["bob"].fingerprint}
+    assert parties["ours"].fingerprint not in listed
+    secret = gpg(home, "--with-colons", "--list-secret-keys").stdout
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+    assert secret == b""
 
 
 @pytest.mark.openssh

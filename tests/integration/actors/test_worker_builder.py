@@ -24,7 +24,7 @@ from app.actors.stop import StopReason, StopSignal
 from app.delivery.openpgp import parse_public_key
 from app.delivery.profile import Compression, Profile
 from exports_devtools.waiting import wait_until
-from tests.fixtures.openpgp import gpg, make_party
+from tests.fixtures.openpgp import Party, gpg, make_party
 from tests.fixtures.worker import insert_contacts
 from tests.support import Background, unavailable
 
@@ -193,14 +193,22 @@ def _gpg_children() -> list[int]:
     return found
 
 
-def test_a_stop_while_an_encrypted_build_streams_kills_gpg_and_leaves_no_file(db_url, conn, seed, tmp_path):
+@pytest.fixture(scope="module")
+def partner(tmp_path_factory) -> Party:
+    """A partner keypair made by the real gpg; encrypted builds are to its public key."""
     if shutil.which("gpg") is None:
         unavailable("gpg (GnuPG 2.2) is not installed: .ci/install-sftp-servers installs it")
-    (tmp_path / "keys").mkdir()
-    partner = make_party(tmp_path / "keys", "partner")
+    return make_party(tmp_path_factory.mktemp("keys"), "partner")
+
+
+def _encrypted(partner: Party) -> Profile:
+    return Profile.checked(compression=Compression.GZIP, encrypt_to=(parse_public_key(partner.public),))
+
+
+def test_a_stop_while_an_encrypted_build_streams_kills_gpg_and_leaves_no_file(db_url, conn, seed, tmp_path, partner):
     tenant = seed.tenant()
     insert_contacts(conn, tenant, 20_000, consent=True, prefix="enc-")
-    profile = Profile.checked(compression=Compression.GZIP, encrypt_to=(parse_public_key(partner.public),))
+    profile = _encrypted(partner)
     work = tmp_path / "work"
     seen: list[list[int]] = []
 
@@ -220,14 +228,10 @@ def test_a_stop_while_an_encrypted_build_streams_kills_gpg_and_leaves_no_file(db
 
 
 def test_an_encrypted_build_is_the_gzip_of_the_csv_under_openpgp_and_cutoff_2_gets_the_ciphertexts_hash(
-        db_url, conn, seed, tmp_path):
-    if shutil.which("gpg") is None:
-        unavailable("gpg (GnuPG 2.2) is not installed: .ci/install-sftp-servers installs it")
-    (tmp_path / "keys").mkdir()
-    partner = make_party(tmp_path / "keys", "partner")
+        db_url, conn, seed, tmp_path, partner):
     tenant = seed.tenant()
     insert_contacts(conn, tenant, 2_000, consent=True, prefix="enc-")
-    profile = Profile.checked(compression=Compression.GZIP, encrypt_to=(parse_public_key(partner.public),))
+    profile = _encrypted(partner)
 
     built = ContactsBuilder(db_url, tmp_path / "work").build(
         job_id=uuid.uuid4(), attempt_id=uuid.uuid4(), tenant_id=tenant, scope=Scope.CONSENTING_CONTACTS,
