@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 from exports_devtools.waiting import wait_until
 from tests.acceptance.steps import DEADLINE, OPERATOR, TENANT, builder_blocked_by, hold_builds, job_row, wait_status
-from tests.fixtures.openpgp import gpg, make_party
+from tests.fixtures.openpgp import gpg, make_party, stop_agents
 from tests.fixtures.processes import System
 from tests.support import unavailable
 
@@ -239,8 +239,9 @@ def parties(tmp_path_factory):
         keys[party.home.name].write_text(party.public)
     expiring = make_party(root, "expiring", expire="2020-06-01", when="20200101T000000!")
     (root / "expired.asc").write_text(expiring.public)
-    return {"alice": alice, "bob": bob, "ours": ours, "ours_secret": ours.export_secret(root / "ours.gpg"),
-            "keys": keys, "expired": root / "expired.asc", "root": root}
+    yield {"alice": alice, "bob": bob, "ours": ours, "ours_secret": ours.export_secret(root / "ours.gpg"),
+           "keys": keys, "expired": root / "expired.asc", "root": root}
+    stop_agents(root)
 
 
 @pytest.mark.openssh

@@ -11,6 +11,7 @@ import io
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -24,7 +25,7 @@ from app.actors.stop import StopReason, StopSignal
 from app.delivery.openpgp import parse_public_key
 from app.delivery.profile import Compression, Profile
 from exports_devtools.waiting import wait_until
-from tests.fixtures.openpgp import Party, gpg, make_party
+from tests.fixtures.openpgp import Party, gpg, make_party, stop_agents
 from tests.fixtures.worker import insert_contacts
 from tests.support import Background, unavailable
 
@@ -194,11 +195,13 @@ def _gpg_children() -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def partner(tmp_path_factory) -> Party:
+def partner(tmp_path_factory) -> Iterator[Party]:
     """A partner keypair made by the real gpg; encrypted builds are to its public key."""
     if shutil.which("gpg") is None:
         unavailable("gpg (GnuPG 2.2) is not installed: .ci/install-sftp-servers installs it")
-    return make_party(tmp_path_factory.mktemp("keys"), "partner")
+    root = tmp_path_factory.mktemp("keys")
+    yield make_party(root, "partner")
+    stop_agents(root)
 
 
 def _encrypted(partner: Party) -> Profile:

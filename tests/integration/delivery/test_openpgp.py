@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import tempfile
 import termios
 import tracemalloc
@@ -39,7 +38,7 @@ from app.delivery.openpgp import (
     parse_public_key,
 )
 from exports_devtools.waiting import wait_until
-from tests.fixtures.openpgp import Party, gpg, make_party
+from tests.fixtures.openpgp import Party, gpg, make_party, stop_agents
 from tests.support import Background, unavailable
 
 CHUNK = 256 * 1024
@@ -90,10 +89,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keys]:
                protected_file=protected.export_secret(root / "protected-secret.asc", "correct horse"),
                expired_signer_file=expired_signer.export_secret(root / "oldsigner-secret.gpg"))
     openpgp.forget_keyrings()
-    for home in root.iterdir():
-        if home.is_dir():
-            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], input=b"",
-                           capture_output=True, check=False)
+    stop_agents(root)
 
 
 def chunks(seed: int, size: int = STREAM) -> Iterator[bytes]:
