@@ -254,11 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         acknowledgments=args.acknowledgments,
         port=args.port,
     )
-    address = server.start()
-    print(address.known_hosts_line, flush=True)
     done = threading.Event()
+    # Before the line that says it is up: a signal sent as soon as it is read must find the handler.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: done.set())
+    address = server.start()
+    print(address.known_hosts_line, flush=True)
     done.wait()
     server.stop()
     return 0

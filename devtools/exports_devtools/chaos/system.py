@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -199,18 +201,24 @@ class ChaosSystem(SoakServices):
 
     def _partner_files_profile(self) -> tuple[str, ...]:
         """The profile options of ``partner_files``: a partner keypair made with gpg for this soak (its
-        public key is what the destinations encrypt to)."""
-        home = self.base_dir / "partner" / "gpg"
-        home.mkdir(parents=True, mode=0o700)
+        public key is what the destinations encrypt to; nothing here decrypts, so its home goes at once)."""
+        # A short path of its own: gpg-agent's socket lives in the home, and a socket path over 107 bytes
+        # (a test's temporary directory is one) makes key generation fail.
+        home = Path(tempfile.mkdtemp(prefix="chaos-gpg-"))
         gpg = ["gpg", "--homedir", str(home), "--batch", "--no-tty", "--passphrase", "", "--pinentry-mode", "loopback"]
         run = lambda *args: subprocess.run([*gpg, *args], check=True, capture_output=True, timeout=60)  # noqa: E731
-        run("--quick-gen-key", "Chaos Partner <partner@example.com>", "ed25519", "cert", "never")
-        colons = run("--with-colons", "--list-keys").stdout.decode()
-        fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
-        run("--quick-add-key", fingerprint, "cv25519", "encr", "never")
-        public = home.parent / "partner.asc"
-        public.write_bytes(run("--armor", "--export", fingerprint).stdout)
-        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+        try:
+            run("--quick-gen-key", "Chaos Partner <partner@example.com>", "ed25519", "cert", "never")
+            colons = run("--with-colons", "--list-keys").stdout.decode()
+            fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+            run("--quick-add-key", fingerprint, "cv25519", "encr", "never")
+            public = self.base_dir / "partner" / "partner.asc"
+            public.parent.mkdir(parents=True, exist_ok=True)
+            public.write_bytes(run("--armor", "--export", fingerprint).stdout)
+        finally:
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True,
+                           check=False)
+            shutil.rmtree(home, ignore_errors=True)
         return ("--compression", "gzip", "--encrypt-to", str(public), "--marker", "manifest",
                 "--file-name", "contacts-{delivery_key}.csv.gz.gpg")
 
