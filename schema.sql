@@ -65,6 +65,7 @@ CREATE TABLE destinations (
     auto_retries            int NOT NULL DEFAULT 3 CHECK (auto_retries BETWEEN 0 AND 20),   -- 0: off
     profile_version         int NOT NULL DEFAULT 1,       -- the current delivery profile (delivery_profiles)
     file_sequence           bigint NOT NULL DEFAULT 0,    -- the last {sequence} a created export's file name took
+    more_host_keys          text[] NOT NULL DEFAULT '{}', -- further pinned known_hosts lines (a key rotation)
     CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id)
 );
 
@@ -430,7 +431,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 
 -- exports_app: the API, the worker, recovery, the sweeper and the operator scripts.
 GRANT SELECT, INSERT ON tenants, destinations, contacts, operator_access TO exports_app;
-GRANT UPDATE (active, profile_version, file_sequence) ON destinations TO exports_app;
+GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys) ON destinations TO exports_app;
 GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
 GRANT SELECT, INSERT, UPDATE ON export_jobs TO exports_app;
 GRANT SELECT, INSERT ON deliveries, export_attempt_events, cancellation_requests TO exports_app;

@@ -40,7 +40,7 @@ from app.store.types import ExpectedFile
 
 def negotiated(config: DestinationConfig, environ: Mapping[str, str]) -> tuple[str, str]:
     """The cipher and MAC a product session to this partner uses (client to server)."""
-    session = open_session(config, config.pinned_key(), resolve_credential(config.credential_ref, environ))
+    session = open_session(config, config.pinned_keys(), resolve_credential(config.credential_ref, environ))
     try:
         transport = session.client.get_transport()
         assert transport is not None
@@ -77,7 +77,7 @@ class WarmParamiko:
 
     def __init__(self, config: DestinationConfig, environ: Mapping[str, str]) -> None:
         self.config = config
-        self.session = open_session(config, config.pinned_key(), resolve_credential(config.credential_ref, environ))
+        self.session = open_session(config, config.pinned_keys(), resolve_credential(config.credential_ref, environ))
 
     def put(self, local: Path) -> tuple[float, str]:
         name = f"paramiko-{uuid.uuid4().hex}.csv"

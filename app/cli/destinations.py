@@ -1,21 +1,19 @@
-"""Partner destinations (add, edit, show, status) and ``exports preview``: their parsers and handlers.
+"""Partner destinations (add, edit, show, status, host-key add|remove): their parsers and handlers.
 
-A destination is an SFTP endpoint with its pinned host key, and a delivery profile that says what the
+A destination is an SFTP endpoint with its pinned host keys, and a delivery profile that says what the
 partner receives. ``destination add`` sets both; ``destination edit`` writes a new profile version
-over the one it read; ``exports preview`` prints the first rows as the partner would receive them,
-before compression, and writes nothing. These are for administrators; no operator grant is checked.
+over the one it read; ``host-key add`` pins the key a partner rotates to beside the old one, and
+``host-key remove`` unpins one by its fingerprint, never the last. These are for administrators; no
+operator grant is checked.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
-from app.actors import partner_file
 from app.cli import lookup as cli_lookup
 from app.cli import profile_options
 from app.cli.common import (
@@ -34,8 +32,9 @@ from app.cli.common import (
     text,
 )
 from app.cli.output import emit, table
+from app.delivery.config import DestinationConfig
 from app.delivery.credentials import parse_credential_ref
-from app.delivery.errors import CredentialError, HostKeyError
+from app.delivery.errors import CredentialError, DestinationError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
 from app.delivery.profile import Profile
 from app.store import directory, partner
@@ -119,18 +118,31 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "deferral, and the last connection error.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
     p.set_defaults(handler=destination_status)
-
-    p = command(commands, "preview", help_="the first rows a destination's partner would receive (nothing queued)",
-                description="Build the first rows of the file exactly as the destination's partner would receive "
-                            "them, before compression (and encryption), from the tenant's consenting contacts, to "
-                            "stdout or --output. Nothing is queued, delivered or written to the database.",
-                exits=(EXIT_NOT_FOUND,), json_output=False)
+    keys = group(destination, "host-key", "the host keys a destination trusts (a partner rotating its key)")
+    p = command(keys, "add", help_="pin one more host key the server may present",
+                description="Pin one more host key for the destination, beside those pinned: a partner rotating "
+                            "its key presents the new one from some moment, and either is accepted until the old "
+                            "one is removed. From --host-key (one known_hosts line), or fetched with "
+                            "--fetch-host-key and pinned only with --yes once checked with the partner.",
+                exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the fetched key is shown, not pinned, "
+                                                          "without --yes")))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
-    p.add_argument("--rows", type=positive_int(MAX_PREVIEW_ROWS), default=PREVIEW_ROWS,
-                   help=f"how many contacts (default {PREVIEW_ROWS}, at most {MAX_PREVIEW_ROWS})")
-    p.add_argument("--output", type=text(4096), help="a new file to write instead of stdout (never overwritten)")
-    p.set_defaults(handler=preview)
+    key = p.add_mutually_exclusive_group(required=True)
+    key.add_argument("--host-key", type=text(16384), help='one known_hosts line: "[host]:port keytype base64"')
+    key.add_argument("--fetch-host-key", action="store_true", help="fetch the server's key now (needs --yes to pin)")
+    p.add_argument("--yes", action="store_true", help="confirm pinning the fetched host key")
+    p.set_defaults(handler=host_key_add)
+
+    p = command(keys, "remove", help_="unpin a host key by its fingerprint (one always stays)",
+                description="Unpin one of the destination's host keys, named by its SHA256 fingerprint as "
+                            "`destination show` prints it. The last key is never removed.",
+                exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: it is the destination's only pinned key")))
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.add_argument("--fingerprint", required=True, type=text(100), help="SHA256:... of the key to unpin")
+    p.set_defaults(handler=host_key_remove)
+
 
 
 def _by(args: argparse.Namespace) -> str:
@@ -228,17 +240,21 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
     if stored is None:
         raise not_found(f"destination {found.name!r} has no profile version {args.version}")
     profile = Profile.from_json(stored.profile)
+    pinned = DestinationConfig.from_row(row).pinned_keys()
     settings: list[list[Any]] = [
                 ["name", found.name], ["id", found.id], ["server", f"{row['username']}@{row['host']}:{row['port']}"],
                 ["remote dir", row["remote_dir"]], ["credential", row["credential_ref"].split(":", 1)[0] + ":..."],
                 ["sessions", row["max_sessions"]], ["auto retries", row["auto_retries"] or "off"],
                 ["active", "yes" if row["active"] else "no"],
+                ["host keys", ", ".join(pinned.fingerprints())],
                 ["profile", f"v{stored.version} of v{stored.current_version}, by {stored.created_by}, "
                             f"{stored.created_at:%Y-%m-%d %H:%M:%S}"]]
     human = table(["setting", "value"], settings) + "\n" + "\n".join(profile.describe())
     emit(ctx, human, {"destination_id": str(found.id), "tenant_id": str(tenant.id), "name": found.name,
                       "host": row["host"], "port": row["port"], "username": row["username"],
-                      "remote_dir": row["remote_dir"], "host_key": row["host_key"], "max_sessions": row["max_sessions"],
+                      "remote_dir": row["remote_dir"], "host_key": row["host_key"],
+                      "host_keys": [row["host_key"], *row["more_host_keys"]],
+                      "host_key_fingerprints": pinned.fingerprints(), "max_sessions": row["max_sessions"],
                       "auto_retries": row["auto_retries"], "active": row["active"],
                       "profile_version": stored.version, "current_profile_version": stored.current_version,
                       "profile_created_by": stored.created_by, "profile_created_at": stored.created_at,
@@ -266,31 +282,63 @@ def destination_status(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def preview(ctx: Context, args: argparse.Namespace) -> int:
+def _configured(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destination, DestinationConfig]:
+    """The named destination and the config its row describes."""
     tenant, found = _named(ctx, args)
-    target = Path(args.output) if args.output else None
     with ctx.connection() as conn:
-        stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
-        if stored is None:
-            raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
-        profile = Profile.from_json(stored.profile)
+        row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
+    if row is None:
+        raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
+    try:
+        return tenant, found, DestinationConfig.from_row(row)
+    except DestinationError as exc:
+        raise bad_input(f"destination {found.name!r} cannot be used as stored: {exc}") from None
+
+
+def host_key_add(ctx: Context, args: argparse.Namespace) -> int:
+    tenant, found, config = _configured(ctx, args)
+    if args.fetch_host_key:
         try:
-            out = target.open("xb") if target is not None else sys.stdout.buffer
-        except FileExistsError:
-            raise bad_input(f"--output {target} exists; preview never overwrites a file") from None
-        except OSError as exc:
-            raise bad_input(f"--output {target}: {exc.strerror}") from None
+            key = fetch_host_key(config.host, config.port, FETCH_HOST_KEY_TIMEOUT)
+        except HostKeyError as exc:
+            raise not_found(str(exc)) from None
+        line = known_hosts_line(config.host, config.port, key)
+        if not args.yes:
+            raise refused(f"{config.host}:{config.port} presents {key.get_name()} {fingerprint(key)}; "
+                          "check it with the partner and re-run with --yes to pin it",
+                          host_key=line, fingerprint=fingerprint(key))
+    else:
         try:
-            for block, _rows in partner_file.plaintext(conn, tenant.id, profile, 64 * 1024, limit=args.rows):
-                out.write(block)
-            out.flush()
-        except BaseException:
-            if target is not None:
-                out.close()
-                target.unlink(missing_ok=True)   # no half a preview left behind
-            raise
-        if target is not None:
-            out.close()
+            line, key = parse_host_key(args.host_key, config.host, config.port)
+        except HostKeyError as exc:
+            raise bad_input(f"--host-key: {exc}") from None
+    with ctx.connection() as conn:
+        pinned = directory.add_host_key(conn, tenant_id=tenant.id, destination_id=found.id, line=line)
+    if pinned is None:
+        emit(ctx, f"destination {found.name!r}: {key.get_name()} {fingerprint(key)} is pinned already; nothing "
+                  "changed", {"destination_id": str(found.id), "fingerprint": fingerprint(key), "changed": False})
+        return EXIT_OK
+    emit(ctx, f"destination {found.name!r}: pinned {key.get_name()} {fingerprint(key)} ({pinned} keys pinned)",
+         {"destination_id": str(found.id), "fingerprint": fingerprint(key), "host_key": line, "pinned": pinned,
+          "changed": True})
+    return EXIT_OK
+
+
+def host_key_remove(ctx: Context, args: argparse.Namespace) -> int:
+    tenant, found, config = _configured(ctx, args)
+    lines = dict(zip(config.pinned_keys().fingerprints(), (config.host_key, *config.more_host_keys), strict=True))
+    wanted = args.fingerprint.strip()
+    if wanted not in lines:
+        raise not_found(f"destination {found.name!r} pins no key {wanted!r}; it pins {', '.join(lines)}")
+    if len(lines) == 1:
+        raise refused(f"{wanted} is destination {found.name!r}'s only pinned key: pin its successor first "
+                      "(destination host-key add)")
+    with ctx.connection() as conn:
+        pinned = directory.remove_host_key(conn, tenant_id=tenant.id, destination_id=found.id, line=lines[wanted])
+    if pinned is None:
+        raise refused(f"destination {found.name!r}'s keys changed meanwhile; nothing removed, run it again")
+    emit(ctx, f"destination {found.name!r}: unpinned {wanted} ({pinned} keys pinned)",
+         {"destination_id": str(found.id), "fingerprint": wanted, "pinned": pinned})
     return EXIT_OK
 
 

@@ -13,11 +13,9 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import paramiko
-
 from app.delivery.credentials import CredentialRef, parse_credential_ref
 from app.delivery.errors import InvalidDestination
-from app.delivery.hostkeys import known_hosts_name, parse_host_key
+from app.delivery.hostkeys import PinnedKeys, known_hosts_name, parse_host_key
 
 #: Seconds allowed for the TCP connect, SSH handshake, authentication and opening the SFTP session.
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -56,6 +54,8 @@ class DestinationConfig:
     ack_wait: float = DEFAULT_ACK_WAIT
     #: Sessions the partner allows at once, over every worker host.
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    #: Further known_hosts lines the server may present instead (a partner rotating its key).
+    more_host_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         parse_credential_ref(self.credential_ref)
@@ -70,7 +70,7 @@ class DestinationConfig:
             raise InvalidDestination("ack_wait must not be negative")
         if not 1 <= self.max_sessions <= 64:
             raise InvalidDestination("max_sessions must be between 1 and 64")
-        self.pinned_key()
+        self.pinned_keys()
 
     @classmethod
     def from_row(cls, row: Mapping[str, object]) -> DestinationConfig:
@@ -82,7 +82,8 @@ class DestinationConfig:
                    acknowledgments=row["acknowledgments"],  # type: ignore[arg-type]
                    name_and_size_identify=row["name_and_size_identify"],  # type: ignore[arg-type]
                    read_back=row["read_back"],  # type: ignore[arg-type]
-                   max_sessions=row["max_sessions"])  # type: ignore[arg-type]
+                   max_sessions=row["max_sessions"],  # type: ignore[arg-type]
+                   more_host_keys=tuple(row.get("more_host_keys") or ()))  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         # The reference is not a secret, but a repr travels into logs and tracebacks: show its kind only.
@@ -105,9 +106,10 @@ class DestinationConfig:
         """The name OpenSSH and paramiko file this server's key under."""
         return known_hosts_name(self.host, self.port)
 
-    def pinned_key(self) -> paramiko.PKey:
-        """The one host key this server may present."""
-        return parse_host_key(self.host_key, self.host, self.port).key
+    def pinned_keys(self) -> PinnedKeys:
+        """The host keys this server may present."""
+        return PinnedKeys(tuple(parse_host_key(line, self.host, self.port).key
+                                for line in (self.host_key, *self.more_host_keys)))
 
     def remote_path(self, name: str) -> str:
         if not name or "/" in name or name in (".", ".."):

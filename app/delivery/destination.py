@@ -70,7 +70,7 @@ class Destination:
         self.config = config
         self._environ = environ if environ is not None else os.environ
         self._credentials = credentials
-        self._pinned = config.pinned_key()
+        self._pinned = config.pinned_keys()
 
     def __repr__(self) -> str:
         return f"Destination({self.config!r})"

@@ -1,7 +1,9 @@
-"""Pinned SSH host keys: the one parser of a known_hosts line, and fetching a server's key.
+"""Pinned SSH host keys: the one parser of a known_hosts line, the set a destination trusts, and
+fetching a server's key.
 
-A destination trusts exactly one key, pinned when the destination is added and checked on every
-connection (paramiko's ``RejectPolicy``, never ``~/.ssh/known_hosts``, never trust on first use).
+A destination trusts the keys pinned for it, one when it is added and more while a partner rotates
+(``exports destination host-key add``), checked on every connection (``PinnedKeys``: never
+``~/.ssh/known_hosts``, never trust on first use).
 The CLI and the destination parse that line here, with the same rules: one line of
 ``names keytype base64``, whose names (plain, or hashed with ``|1|``) include this host and port as
 OpenSSH files them (``host`` on port 22, ``[host]:port`` otherwise). The line is stored normalised:
@@ -40,6 +42,26 @@ class PinnedHostKey(NamedTuple):
 
     line: str
     key: paramiko.PKey
+
+
+class PinnedKeys:
+    """The host keys a destination trusts, in the order they were pinned; a server must present one."""
+
+    def __init__(self, keys: tuple[paramiko.PKey, ...]) -> None:
+        if not keys:
+            raise HostKeyError("a destination pins at least one host key")
+        self.keys = keys
+
+    def accepts(self, key: paramiko.PKey) -> bool:
+        return any(pinned.get_name() == key.get_name() and pinned.asbytes() == key.asbytes() for pinned in self.keys)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The key types pinned, first pinned first: what the handshake should ask the server for."""
+        return tuple(dict.fromkeys(key.get_name() for key in self.keys))
+
+    def fingerprints(self) -> list[str]:
+        return [fingerprint(key) for key in self.keys]
 
 
 def known_hosts_name(host: str, port: int) -> str:

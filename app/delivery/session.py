@@ -14,6 +14,7 @@ paramiko's errors mean is decided here too
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import socket
 import threading
@@ -24,13 +25,13 @@ from pathlib import Path
 
 import paramiko
 from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, CMD_STATUS, CMD_WRITE, int64
-from paramiko.ssh_exception import BadHostKeyException
 
 from app import logs
 from app.delivery.classifier import describe, is_status_reply
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
 from app.delivery.errors import HostKeyMismatch
+from app.delivery.hostkeys import PinnedKeys, fingerprint
 
 log = logs.get(__name__)
 
@@ -180,19 +181,29 @@ def _write_size_allowed(sftp: paramiko.SFTPClient) -> int:
     return min(max_write, MAX_WRITE_SIZE) if max_write > 0 else CHUNK_SIZE
 
 
-class _RefuseUnpinned(paramiko.MissingHostKeyPolicy):
-    """The server presented a key that is not the pinned one (another type, or another server)."""
+class _OnlyPinned(paramiko.MissingHostKeyPolicy):
+    """Every key the server presents comes here (the client knows no host key): one of the pinned ones
+    is accepted; any other is a configuration error that names what was offered, so an operator can
+    check it with the partner and pin it."""
+
+    def __init__(self, pinned: PinnedKeys) -> None:
+        self.pinned = pinned
 
     def missing_host_key(self, client, hostname, key) -> None:
-        raise HostKeyMismatch(f"{hostname} presented a {key.get_name()} host key that is not the pinned key")
+        if self.pinned.accepts(key):
+            return
+        # The hint before the list: an event's detail keeps the first 300 characters.
+        raise HostKeyMismatch(
+            f"{hostname} presented {key.get_name()} {fingerprint(key)}, not pinned; once the partner confirms it, "
+            f"pin it with `exports destination host-key add` (pinned: {', '.join(self.pinned.fingerprints())})")
 
 
-def open_session(config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> Session:
+def open_session(config: DestinationConfig, pinned: PinnedKeys, credential: Credential) -> Session:
     """A session with the destination, authenticated with ``credential``; the caller closes it."""
     client = paramiko.SSHClient()
-    # Only the pinned key: never ~/.ssh/known_hosts, never trust on first use.
-    client.get_host_keys().add(config.known_hosts_name, pinned.get_name(), pinned)
-    client.set_missing_host_key_policy(_RefuseUnpinned())
+    # Only the pinned keys, checked by the policy: never ~/.ssh/known_hosts, never trust on first use.
+    # (paramiko's own host key table holds one key per type, and a rotation may pin two of one type.)
+    client.set_missing_host_key_policy(_OnlyPinned(pinned))
     try:
         sock = socket.create_connection((config.host, config.port), timeout=config.connect_timeout)
     except BaseException:
@@ -213,13 +224,9 @@ def open_session(config: DestinationConfig, pinned: paramiko.PKey, credential: C
             look_for_keys=False,
             allow_agent=False,
             sock=sock,
-            transport_factory=_preferring_gcm,
+            transport_factory=functools.partial(_preferring, host_key_types=pinned.types),
         )
         sftp = _open_sftp(client, config)
-    except BadHostKeyException as exc:
-        client.close()
-        sock.close()
-        raise HostKeyMismatch(f"{config.known_hosts_name} presented a host key that is not the pinned key") from exc
     except BaseException:
         client.close()
         sock.close()
@@ -230,18 +237,21 @@ def open_session(config: DestinationConfig, pinned: paramiko.PKey, credential: C
     return Session(client, sftp)
 
 
-def _preferring_gcm(sock: socket.socket, **kwargs) -> paramiko.Transport:
-    """paramiko's transport with PREFERRED_CIPHERS first: the client's order decides, so a server that
-    offers AES-GCM gets it and any other still gets a cipher it shares with paramiko."""
+def _preferring(sock: socket.socket, *, host_key_types: tuple[str, ...], **kwargs) -> paramiko.Transport:
+    """paramiko's transport with PREFERRED_CIPHERS first, and the pinned key types first among host key
+    algorithms: the client's order decides, so a server that offers AES-GCM gets it (any other still
+    gets a cipher it shares with paramiko), and one with several host keys presents a pinned one."""
     transport = paramiko.Transport(sock, **kwargs)
     options = transport.get_security_options()
     preferred = tuple(name for name in PREFERRED_CIPHERS if name in options.ciphers)
     options.ciphers = preferred + tuple(name for name in options.ciphers if name not in preferred)
+    pinned = tuple(name for name in host_key_types if name in options.key_types)
+    options.key_types = pinned + tuple(name for name in options.key_types if name not in pinned)
     return transport
 
 
 @contextmanager
-def connect(config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> Iterator[Session]:
+def connect(config: DestinationConfig, pinned: PinnedKeys, credential: Credential) -> Iterator[Session]:
     """A session with the destination, authenticated with ``credential``, closed when the block ends."""
     session = open_session(config, pinned, credential)
     try:

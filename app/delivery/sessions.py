@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from uuid import UUID
 
-import paramiko
-
 from app import logs
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
 from app.delivery.errors import SessionLimitReached
+from app.delivery.hostkeys import PinnedKeys
 from app.delivery.session import Session, open_session
 
 log = logs.get(__name__)
@@ -65,7 +64,7 @@ class HeldSession:
 
 
 class SessionSource(Protocol):
-    def open(self, config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> HeldSession: ...
+    def open(self, config: DestinationConfig, pinned: PinnedKeys, credential: Credential) -> HeldSession: ...
 
     def give_back(self, held: HeldSession, *, reusable: bool) -> None: ...
 
@@ -74,7 +73,7 @@ class FreshSessions:
     """A new session for every delivery, closed when it is given back, and no slot: for inspections
     and for callers that keep no pool."""
 
-    def open(self, config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> HeldSession:
+    def open(self, config: DestinationConfig, pinned: PinnedKeys, credential: Credential) -> HeldSession:
         return HeldSession(open_session(config, pinned, credential))
 
     def give_back(self, held: HeldSession, *, reusable: bool) -> None:
@@ -111,7 +110,7 @@ class SessionPool:
     def for_destination(self, destination_id: UUID) -> SessionSource:
         return _Bound(self, destination_id)
 
-    def open(self, destination_id: UUID, config: DestinationConfig, pinned: paramiko.PKey,
+    def open(self, destination_id: UUID, config: DestinationConfig, pinned: PinnedKeys,
              credential: Credential) -> HeldSession:
         """A session to the destination, warm if one is idle with its transport up; raises
         SessionLimitReached when no slot is free, and the connection's error when it cannot be opened
@@ -218,7 +217,7 @@ class _Bound:
     pool: SessionPool
     destination_id: UUID
 
-    def open(self, config: DestinationConfig, pinned: paramiko.PKey, credential: Credential) -> HeldSession:
+    def open(self, config: DestinationConfig, pinned: PinnedKeys, credential: Credential) -> HeldSession:
         return self.pool.open(self.destination_id, config, pinned, credential)
 
     def give_back(self, held: HeldSession, *, reusable: bool) -> None:

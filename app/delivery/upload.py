@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import paramiko
-
 from app import logs
 from app.delivery import listing, markers
 from app.delivery.classifier import Completed, DeliveryOutcome, Stage, Unknown, classify, describe, is_status_reply
@@ -30,6 +28,7 @@ from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential
 from app.delivery.errors import UploadMismatch
 from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof, Receipt
+from app.delivery.hostkeys import PinnedKeys
 from app.delivery.session import Session, connect
 from app.delivery.sessions import HeldSession, SessionSource
 from app.store.types import ExpectedFile
@@ -46,7 +45,7 @@ class Ready:
     """A prepared delivery: the session it holds, the baseline it recorded, and whether it overwrites by
     agreement. ``complete`` is for after cutoff 2; ``release`` gives the session back unused."""
 
-    def __init__(self, config: DestinationConfig, pinned: paramiko.PKey, source: SessionSource, held: HeldSession,
+    def __init__(self, config: DestinationConfig, pinned: PinnedKeys, source: SessionSource, held: HeldSession,
                  credential: Credential, expected: ExpectedFile, attempt_id: str, baseline: Listing, overwrite: bool,
                  record_evidence: RecordEvidence) -> None:
         self.config = config

@@ -144,6 +144,21 @@ def edit_profile(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: U
     return (ProfileEdit.STALE, None) if row is None else (ProfileEdit.EDITED, row["version"])
 
 
+def add_host_key(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID, line: str) -> int | None:
+    """Pins one more key; answers how many are pinned now, None when it was pinned already (or no such
+    destination: the caller looked it up first)."""
+    row = connector.fetch_one(conn, "directory_add_host_key",
+                              dict(tenant_id=tenant_id, destination_id=destination_id, line=line))
+    return None if row is None else int(row["pinned"])
+
+
+def remove_host_key(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID, line: str) -> int | None:
+    """Unpins one key while another stays; answers how many are pinned now, None when nothing changed."""
+    row = connector.fetch_one(conn, "directory_remove_host_key",
+                              dict(tenant_id=tenant_id, destination_id=destination_id, line=line))
+    return None if row is None else int(row["pinned"])
+
+
 def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> dict[str, Any] | None:
     """The destination's row, only if it belongs to the tenant (``DestinationConfig.from_row`` reads it)."""
     return connector.fetch_one(conn, "directory_read_destination",

@@ -39,6 +39,7 @@ class Destination(peewee.Model):
     auto_retries = peewee.IntegerField()
     profile_version = peewee.IntegerField()
     file_sequence = peewee.BigIntegerField()
+    more_host_keys = peewee.TextField()   # text[]; read through app.store.directory
 
     class Meta:
         table_name = "destinations"

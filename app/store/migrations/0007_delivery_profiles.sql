@@ -16,6 +16,8 @@ CREATE TRIGGER tr_delivery_profiles_no_truncate BEFORE TRUNCATE ON delivery_prof
 -- The destination's current profile, and the last file sequence number a created export took.
 ALTER TABLE destinations ADD COLUMN profile_version int NOT NULL DEFAULT 1;
 ALTER TABLE destinations ADD COLUMN file_sequence bigint NOT NULL DEFAULT 0;
+-- Further known_hosts lines the server may present instead of host_key, while a partner rotates its key.
+ALTER TABLE destinations ADD COLUMN more_host_keys text[] NOT NULL DEFAULT '{}';
 
 -- Every destination so far delivered the one file there was: that file, written out, is version 1.
 INSERT INTO delivery_profiles (destination_id, version, profile, created_by)
@@ -48,4 +50,4 @@ ALTER TABLE export_jobs ADD COLUMN expected_marker_name text;
 ALTER TABLE export_jobs ADD COLUMN expected_marker bytea;
 
 GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
-GRANT UPDATE (profile_version, file_sequence) ON destinations TO exports_app;
+GRANT UPDATE (profile_version, file_sequence, host_key, more_host_keys) ON destinations TO exports_app;

@@ -58,5 +58,23 @@ COPY contacts (tenant_id, email, full_name, company, phone, consent, attributes)
 -- name: directory_read_destination
 -- The job's destination, only if it belongs to the job's tenant.
 SELECT id, tenant_id, host, port, username, remote_dir, host_key, credential_ref, remote_hash,
-       acknowledgments, name_and_size_identify, read_back, active, max_sessions, auto_retries
+       acknowledgments, name_and_size_identify, read_back, active, max_sessions, auto_retries, more_host_keys
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
+
+-- name: directory_add_host_key
+-- One more key the server may present (a partner rotating its key), only if it is not pinned already.
+UPDATE destinations SET more_host_keys = more_host_keys || %(line)s::text
+WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s
+  AND host_key <> %(line)s AND NOT (%(line)s = ANY (more_host_keys))
+RETURNING cardinality(more_host_keys) + 1 AS pinned;
+
+-- name: directory_remove_host_key
+-- A pinned key unpinned, only while another stays: the first of the others takes host_key's place when
+-- host_key is the one removed. Matches nothing when the key is not pinned or is the last one.
+UPDATE destinations
+SET host_key = CASE WHEN host_key = %(line)s THEN more_host_keys[1] ELSE host_key END,
+    more_host_keys = CASE WHEN host_key = %(line)s THEN more_host_keys[2:]
+                          ELSE array_remove(more_host_keys, %(line)s::text) END
+WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND cardinality(more_host_keys) > 0
+  AND (host_key = %(line)s OR %(line)s = ANY (more_host_keys))
+RETURNING cardinality(more_host_keys) + 1 AS pinned;

@@ -28,7 +28,7 @@ GCM = "aes128-gcm@openssh.com"
 @contextmanager
 def session_with(peer: SftpPeer) -> Iterator[Session]:
     config = peer.config
-    session = open_session(config, config.pinned_key(), resolve_credential(config.credential_ref, peer.environ))
+    session = open_session(config, config.pinned_keys(), resolve_credential(config.credential_ref, peer.environ))
     try:
         yield session
     finally:

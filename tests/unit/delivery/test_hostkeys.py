@@ -14,9 +14,11 @@ import threading
 import paramiko
 import pytest
 
+from app.delivery import session
 from app.delivery.config import DestinationConfig
-from app.delivery.errors import DestinationError, HostKeyError
+from app.delivery.errors import DestinationError, HostKeyError, HostKeyMismatch
 from app.delivery.hostkeys import (
+    PinnedKeys,
     fetch_host_key,
     fingerprint,
     known_hosts_line,
@@ -156,7 +158,7 @@ def test_the_destination_config_refuses_a_line_the_cli_would_refuse_and_pins_the
     config = DestinationConfig(port=2222, host_key=LINE, **fields)  # type: ignore[arg-type]
 
     assert config.known_hosts_name == "[127.0.0.1]:2222"
-    assert config.pinned_key().get_base64() == KEY.split()[1]
+    assert [k.get_base64() for k in config.pinned_keys().keys] == [KEY.split()[1]]
 
 
 # -- fetching ------------------------------------------------------------------------------------------
@@ -199,3 +201,42 @@ def test_fetching_from_a_server_that_speaks_no_ssh_says_it_presented_no_key_and_
 
     assert fetched.stdout == f"HostKeyError 127.0.0.1:{port} did not present an SSH host key: SSHException\n"
     assert fetched.stderr == ""
+
+
+# -- several pinned keys (a partner rotating its key) ----------------------------------------------------
+
+
+def test_pinned_keys_accept_any_key_pinned_and_no_other_and_ask_for_their_types_first_pinned_first() -> None:
+    old, new, stranger = (paramiko.RSAKey.generate(1024) for _ in range(3))
+    ed = paramiko.PKey.from_type_string(KEY.split()[0], base64.b64decode(KEY.split()[1]))
+    pinned = PinnedKeys((old, ed, new))
+
+    assert pinned.accepts(new) and pinned.accepts(ed) and not pinned.accepts(stranger)
+    assert pinned.types == ("ssh-rsa", KEY.split()[0])
+    assert pinned.fingerprints() == [fingerprint(old), fingerprint(ed), fingerprint(new)]
+    with pytest.raises(HostKeyError, match="at least one"):
+        PinnedKeys(())
+
+
+def test_a_key_not_pinned_is_refused_naming_the_fingerprint_offered_and_how_to_pin_it() -> None:
+    pinned, offered = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+    policy = session._OnlyPinned(PinnedKeys((pinned,)))
+
+    policy.missing_host_key(None, "[127.0.0.1]:2222", pinned)   # accepted: no exception
+    with pytest.raises(HostKeyMismatch) as refused:
+        policy.missing_host_key(None, "[127.0.0.1]:2222", offered)
+
+    message = str(refused.value)
+    assert f"presented ssh-rsa {fingerprint(offered)}, not pinned" in message
+    assert "exports destination host-key add" in message and message.endswith(f"(pinned: {fingerprint(pinned)})")
+
+
+def test_the_destination_config_pins_its_host_key_and_every_further_one() -> None:
+    other = paramiko.RSAKey.generate(1024)
+    config = DestinationConfig(host="127.0.0.1", port=2222, username="p", remote_dir="/inbox", credential_ref="env:PW",
+                               host_key=LINE, more_host_keys=(f"[127.0.0.1]:2222 ssh-rsa {other.get_base64()}",))
+
+    assert config.pinned_keys().accepts(other) and len(config.pinned_keys().keys) == 2
+    with pytest.raises(HostKeyError):
+        DestinationConfig(host="127.0.0.1", port=2222, username="p", remote_dir="/inbox", credential_ref="env:PW",
+                          host_key=LINE, more_host_keys=(f"[127.0.0.1]:22 ssh-rsa {other.get_base64()}",))
