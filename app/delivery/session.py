@@ -237,6 +237,10 @@ def open_session(config: DestinationConfig, pinned: PinnedKeys, credential: Cred
     return Session(client, sftp)
 
 
+#: The host key algorithms that present a key of a type, in the order to ask for them.
+_ALGORITHMS_OF = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")}
+
+
 def _preferring(sock: socket.socket, *, host_key_types: tuple[str, ...], **kwargs) -> paramiko.Transport:
     """paramiko's transport with PREFERRED_CIPHERS first, and the pinned key types first among host key
     algorithms: the client's order decides, so a server that offers AES-GCM gets it (any other still
@@ -245,7 +249,10 @@ def _preferring(sock: socket.socket, *, host_key_types: tuple[str, ...], **kwarg
     options = transport.get_security_options()
     preferred = tuple(name for name in PREFERRED_CIPHERS if name in options.ciphers)
     options.ciphers = preferred + tuple(name for name in options.ciphers if name not in preferred)
-    pinned = tuple(name for name in host_key_types if name in options.key_types)
+    # An RSA key signs with SHA-2 where the server allows it (OpenSSH refuses ssh-rsa's SHA-1), as paramiko
+    # itself asks for a known RSA host key.
+    wanted = [name for key_type in host_key_types for name in _ALGORITHMS_OF.get(key_type, (key_type,))]
+    pinned = tuple(dict.fromkeys(name for name in wanted if name in options.key_types))
     options.key_types = pinned + tuple(name for name in options.key_types if name not in pinned)
     return transport
 

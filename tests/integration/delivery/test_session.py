@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from app.delivery.classifier import Failed, Unknown
@@ -180,3 +181,21 @@ def _full_after(directory: Path, size: int) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_a_server_with_an_rsa_and_an_ed25519_host_key_presents_whichever_is_pinned(tmp_path: Path) -> None:
+    require_binary(SSHD, "OpenSSH sshd")
+    require_root("OpenSSH sshd")
+    rsa_path = tmp_path / "ssh_host_rsa_key"
+    rsa = paramiko.RSAKey.generate(2048)
+    rsa.write_private_key_file(str(rsa_path))
+    with running_openssh(tmp_path / "openssh", extra_options=f"HostKey {rsa_path}\n") as peer:
+        rsa_line = f"[127.0.0.1]:{peer.config.port} ssh-rsa {rsa.get_base64()}"
+        only_rsa = peer.with_config(host_key=rsa_line)
+        both = peer.with_config(more_host_keys=(rsa_line,))
+
+        for pinned, presented in ((only_rsa, "rsa-sha2-512"), (peer, "ssh-ed25519"), (both, "ssh-ed25519")):
+            with session_with(pinned) as session:
+                transport = session.client.get_transport()
+                assert transport is not None and transport.host_key_type == presented
+                assert pinned.config.pinned_keys().accepts(transport.get_remote_server_key())
