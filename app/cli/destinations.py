@@ -14,6 +14,8 @@ import getpass
 import uuid
 from typing import Any
 
+import paramiko
+
 from app.cli import lookup as cli_lookup
 from app.cli import profile_options
 from app.cli.common import (
@@ -160,21 +162,7 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
     except CredentialError as exc:
         raise bad_input(f"--credential-ref: {exc}") from None
     profile = profile_options.profile(args, Profile())
-    if args.fetch_host_key:
-        try:
-            key = fetch_host_key(args.host, args.port, FETCH_HOST_KEY_TIMEOUT)
-        except HostKeyError as exc:
-            raise not_found(str(exc)) from None
-        line = known_hosts_line(args.host, args.port, key)
-        if not args.yes:
-            raise refused(f"{args.host}:{args.port} presents {key.get_name()} {fingerprint(key)}; "
-                          "check it with the partner and re-run with --yes to pin it",
-                          host_key=line, fingerprint=fingerprint(key))
-    else:
-        try:
-            line, key = parse_host_key(args.host_key, args.host, args.port)
-        except HostKeyError as exc:
-            raise bad_input(f"--host-key: {exc}") from None
+    line, key = _host_key(args, args.host, args.port)
     tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     destination_id = uuid.uuid4()
     new = directory.NewDestination(
@@ -297,21 +285,7 @@ def _configured(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destina
 
 def host_key_add(ctx: Context, args: argparse.Namespace) -> int:
     tenant, found, config = _configured(ctx, args)
-    if args.fetch_host_key:
-        try:
-            key = fetch_host_key(config.host, config.port, FETCH_HOST_KEY_TIMEOUT)
-        except HostKeyError as exc:
-            raise not_found(str(exc)) from None
-        line = known_hosts_line(config.host, config.port, key)
-        if not args.yes:
-            raise refused(f"{config.host}:{config.port} presents {key.get_name()} {fingerprint(key)}; "
-                          "check it with the partner and re-run with --yes to pin it",
-                          host_key=line, fingerprint=fingerprint(key))
-    else:
-        try:
-            line, key = parse_host_key(args.host_key, config.host, config.port)
-        except HostKeyError as exc:
-            raise bad_input(f"--host-key: {exc}") from None
+    line, key = _host_key(args, config.host, config.port)
     with ctx.connection() as conn:
         pinned = directory.add_host_key(conn, tenant_id=tenant.id, destination_id=found.id, line=line)
     if pinned is None:
@@ -340,6 +314,26 @@ def host_key_remove(ctx: Context, args: argparse.Namespace) -> int:
     emit(ctx, f"destination {found.name!r}: unpinned {wanted} ({pinned} keys pinned)",
          {"destination_id": str(found.id), "fingerprint": wanted, "pinned": pinned})
     return EXIT_OK
+
+
+def _host_key(args: argparse.Namespace, host: str, port: int) -> tuple[str, paramiko.PKey]:
+    """The key ``--host-key`` gives, or the one the server presents with ``--fetch-host-key``, which is only
+    shown (exit 4) until ``--yes`` confirms it was checked with the partner."""
+    if not args.fetch_host_key:
+        try:
+            return parse_host_key(args.host_key, host, port)
+        except HostKeyError as exc:
+            raise bad_input(f"--host-key: {exc}") from None
+    try:
+        key = fetch_host_key(host, port, FETCH_HOST_KEY_TIMEOUT)
+    except HostKeyError as exc:
+        raise not_found(str(exc)) from None
+    line = known_hosts_line(host, port, key)
+    if not args.yes:
+        raise refused(f"{host}:{port} presents {key.get_name()} {fingerprint(key)}; "
+                      "check it with the partner and re-run with --yes to pin it",
+                      host_key=line, fingerprint=fingerprint(key))
+    return line, key
 
 
 def _port(value: str) -> int:
