@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import paramiko
@@ -275,15 +276,19 @@ def test_gzip_then_openpgp_to_two_partners_signed_by_us_decrypts_with_each_partn
         " WHERE d.name = 'secure'")]
     assert stored["sign_with"] == f"keyfile:{parties['ours_secret']}"
     assert set(stored) == set(added["profile"])
-    home = tmp_path / "stored-keys"
-    home.mkdir(mode=0o700)
-    gpg(home, "--import", data="".join(k["armored"] for k in stored["encrypt_to"]).encode())
-    listed = gpg(home, "--with-colons", "--list-keys").stdout.decode()
+    # A short home of its own: gpg-agent's socket lives in it, and a test's temporary path can be longer
+    # than a socket path may be.
+    home = Path(tempfile.mkdtemp(prefix="gpg-stored-"))
+    try:
+        gpg(home, "--import", data="".join(k["armored"] for k in stored["encrypt_to"]).encode())
+        listed = gpg(home, "--with-colons", "--list-keys").stdout.decode()
+        secret = gpg(home, "--with-colons", "--list-secret-keys").stdout
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+        shutil.rmtree(home, ignore_errors=True)
     assert {line.split(":")[9] for line in listed.splitlines() if line.startswith("fpr:")} >= {
         parties["alice"].fingerprint, parties["bob"].fingerprint}
     assert parties["ours"].fingerprint not in listed
-    secret = gpg(home, "--with-colons", "--list-secret-keys").stdout
-    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
     assert secret == b""
 
 
