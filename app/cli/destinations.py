@@ -34,8 +34,11 @@ from app.cli.common import (
     text,
 )
 from app.cli.output import emit, table
+from app.delivery import preflight
+from app.delivery.classifier import describe
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import parse_credential_ref
+from app.delivery.destination import Destination as SftpDestination
 from app.delivery.errors import CredentialError, DestinationError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
 from app.delivery.profile import Profile
@@ -113,6 +116,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
     p.add_argument("--version", type=positive_int(1_000_000), help="a past version of the profile")
     p.set_defaults(handler=destination_show)
+
+    p = command(destination, "check", help_="probe what the partner's server allows, before exports depend on it",
+                description="Connect as a delivery does (the pinned host keys, the credential) and probe, under "
+                            "scratch dot-names in the remote directory that it removes again: write, stat, lstat, "
+                            "listing, SETSTAT, rename, whether rename refuses an existing target, posix-rename, "
+                            "check-file-name sha256. Prints what the server allows and the delivery it can take.",
+                exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the destination cannot be delivered to (it "
+                                                          "cannot be reached or logged into, or lacks what a "
+                                                          "delivery needs)")))
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    p.set_defaults(handler=destination_check)
 
     p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
                 description="Each destination's circuit (closed, or open since when and until its next probe), "
@@ -247,6 +262,23 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                       "profile_version": stored.version, "current_profile_version": stored.current_version,
                       "profile_created_by": stored.created_by, "profile_created_at": stored.created_at,
                       "profile": profile.to_json()})
+    return EXIT_OK
+
+
+def destination_check(ctx: Context, args: argparse.Namespace) -> int:
+    _tenant, found, config = _configured(ctx, args)
+    try:
+        found_caps = SftpDestination(config).check()
+    except (DestinationError, OSError, paramiko.SSHException) as exc:
+        raise refused(f"destination {found.name!r} cannot be used: {describe(exc)}") from None
+    rows = [[probe, {True: "yes", False: "no", None: "not probed"}[found_caps.found[probe]], meaning,
+             found_caps.why.get(probe, "")] for probe, meaning in preflight.PROBES.items()]
+    data = {"destination_id": str(found.id), "capabilities": found_caps.found, "why": found_caps.why,
+            "deliverable": found_caps.deliverable, "recommended": found_caps.recommended}
+    emit(ctx, table(["probe", "allowed", "what", "server said"], rows) + f"\ndelivery: {found_caps.recommended}",
+         data)
+    if not found_caps.deliverable:
+        raise refused(f"destination {found.name!r} lacks what a delivery needs", **data)
     return EXIT_OK
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import logs
-from app.delivery import listing, markers
+from app.delivery import listing, markers, preflight
 from app.delivery.classifier import DeliveryOutcome, Failed, Stage, cause_of, classify, describe
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential, CredentialCache, resolve_credential
@@ -90,6 +90,12 @@ class Destination:
         """
         with connect(self.config, self._pinned, self._credential()) as session:
             return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
+
+    def check(self) -> preflight.Capabilities:
+        """What the server allows (``exports destination check``), on a session opened as a delivery's.
+        Raises the connection's error (a host key not pinned, a refused credential, no answer)."""
+        with connect(self.config, self._pinned, self._credential()) as session:
+            return preflight.check(session, self.config)
 
     def complete_marker(self, expected: ExpectedFile, attempt_id: str) -> Listing:
         """For recovery and reconciliation: the completion marker written where the file is there as

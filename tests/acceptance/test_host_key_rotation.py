@@ -1,7 +1,8 @@
 """A partner that rotates its host key, through the real system to a real OpenSSH server: a destination
 pinning only a key the server no longer presents fails its export as a configuration error that names
 the key offered; once that key is pinned beside the old one (`destination host-key add`) exports are
-delivered, and the old one is unpinned by its fingerprint (`remove`), never the last one."""
+delivered, and the old one is unpinned by its fingerprint (`remove`), never the last one; `destination
+check` tells the same before any export is tried."""
 
 from __future__ import annotations
 
@@ -49,14 +50,19 @@ def test_a_rotated_key_fails_naming_the_offered_fingerprint_until_pinned_beside_
     assert failed.startswith("NotDelivered (configuration):") and new in failed
     assert "exports destination host-key add" in failed and peer.files() == {}
 
+    checked_before = system.cli("destination", "check", "--tenant", TENANT, "--destination", "partner", expect=4)
     added = system.cli("destination", "host-key", "add", "--tenant", TENANT, "--destination", "partner",
                        "--host-key", new_line, "--json").json
+    checked = system.cli("destination", "check", "--tenant", TENANT, "--destination", "partner", "--json").json
     again = system.cli("destination", "host-key", "add", "--tenant", TENANT, "--destination", "partner",
                        "--host-key", new_line, "--json").json
     delivered = _export(system, admin, "Completed")
     shown = system.cli("destination", "show", "--tenant", TENANT, "--destination", "partner", "--json").json
 
     assert (added["pinned"], added["fingerprint"], again["changed"]) == (2, new, False)
+    # `destination check` says the same before any export depends on it.
+    assert "cannot be used" in checked_before.stderr and f"{new}, not pinned" in checked_before.stderr
+    assert checked["deliverable"] and checked["capabilities"]["rename_refuses_overwrite"] is True
     assert shown["host_key_fingerprints"] == [old, new]
     assert job_row(admin, delivered["job_id"])["expected_file_name"] in peer.files()
 
