@@ -101,8 +101,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "builds with the version current when its attempt starts, never a mix, and cutoff 2 "
                             "records which. Nothing is written when nothing changes.",
                 exits=DESTINATION_EDIT_EXITS)
-    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
-    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    _naming_one(p)
     p.add_argument("--by", type=name, help="who edits it, for the profile's record (default: this login's name)")
     p.add_argument("--expected-version", type=positive_int(1_000_000), metavar="N",
                    help="edit only if the profile is still version N (what destination show printed)")
@@ -112,8 +111,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(destination, "show", help_="a destination's settings and delivery profile",
                 description="A destination's SFTP settings and its delivery profile (the current version, or "
                             "--version N, which exports show names for each built file).", exits=(EXIT_NOT_FOUND,))
-    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
-    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    _naming_one(p)
     p.add_argument("--version", type=positive_int(1_000_000), help="a past version of the profile")
     p.set_defaults(handler=destination_show)
 
@@ -125,8 +123,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                 exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the destination cannot be delivered to (it "
                                                           "cannot be reached or logged into, or lacks what a "
                                                           "delivery needs)")))
-    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
-    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    _naming_one(p)
     p.set_defaults(handler=destination_check)
 
     p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
@@ -143,8 +140,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "--fetch-host-key and pinned only with --yes once checked with the partner.",
                 exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the fetched key is shown, not pinned, "
                                                           "without --yes")))
-    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
-    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    _naming_one(p)
     key = p.add_mutually_exclusive_group(required=True)
     key.add_argument("--host-key", type=text(16384), help='one known_hosts line: "[host]:port keytype base64"')
     key.add_argument("--fetch-host-key", action="store_true", help="fetch the server's key now (needs --yes to pin)")
@@ -155,8 +151,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                 description="Unpin one of the destination's host keys, named by its SHA256 fingerprint as "
                             "`destination show` prints it. The last key is never removed.",
                 exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: it is the destination's only pinned key")))
-    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
-    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
+    _naming_one(p)
     p.add_argument("--fingerprint", required=True, type=text(100), help="SHA256:... of the key to unpin")
     p.set_defaults(handler=host_key_remove)
 
@@ -196,6 +191,12 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
          {"destination_id": str(destination_id), "tenant_id": str(tenant.id), "host_key": line,
           "fingerprint": fingerprint(key), "profile_version": 1, "profile": profile.to_json()})
     return EXIT_OK
+
+
+def _naming_one(p: argparse.ArgumentParser) -> None:
+    """--tenant and --destination, which ``_named`` resolves."""
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
 
 
 def _named(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destination]:

@@ -79,8 +79,11 @@ def check(session: Session, config: DestinationConfig) -> Capabilities:
                 result.why["rename_refuses_overwrite"] = "rename replaced an existing file"
             _write(sftp, names["d"], made)
             _probe(result, "posix_rename", lambda: _posix_moved(sftp, names["d"], names["b"], made))
-        _probe(result, "check_file_sha256",
-               lambda: _same_hash(session.remote_sha256(names["b"] if names["b"] in made else names["a"])))
+        digest_of = names["b"] if names["b"] in made else names["a"]
+        expected = hashlib.sha256(_CONTENT).digest()
+        if not _probe(result, "check_file_sha256", lambda: session.remote_sha256(digest_of) == expected):
+            # remote_sha256 answers None for a hash not offered or refused, as for a wrong one.
+            result.why["check_file_sha256"] = "not offered, refused, or not the file's sha256"
     finally:
         for path in made:
             try:
@@ -132,6 +135,3 @@ def _refused(action) -> bool:
         return True
     return False
 
-
-def _same_hash(digest: bytes | None) -> bool:
-    return digest == hashlib.sha256(_CONTENT).digest()
