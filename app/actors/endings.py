@@ -67,9 +67,10 @@ class Endings:
         spent = job.deferred_for_seconds
         if spent is not None and spent >= self.policy.total_seconds:
             return self.fail_or_stop(
-                job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
+                job, attempt_id, worker_id, keeper, FailureCode.NOT_DELIVERED,
                 f"the partner could not be reached for {spent:.0f} s after {job.deferrals} deferrals; last: {cause}",
                 FailureCause.TRANSIENT)
+        keeper.ending()
         result = export.defer(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id, cause=cause[:300],
                               delay_seconds=delay)
         if result is DeferResult.LEASE_LAPSED and keeper.renew_now() is RenewResult.RENEWED:
@@ -81,14 +82,16 @@ class Endings:
                 log.info("runner.deferred", cause=cause, delay=round(delay, 3), deferrals=job.deferrals + 1)
                 return RunResult(RunOutcome.DEFERRED, attempt_id, WriteResult.WRITTEN)
             case DeferResult.STOP_RECORDED:
-                return self.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", None)
+                return self.finish_stopped(job, attempt_id, worker_id, keeper, "BeforeDelivery", None)
         log.warning("runner.not_deferred", result=result.value)
         return RunResult(RunOutcome.GAVE_UP, attempt_id)
 
-    def fail_or_stop(self, job: JobView, attempt_id: UUID, worker_id: str, code: FailureCode, detail: str,
-                     cause: FailureCause | None = None, *, stop_point: str = "BeforeDelivery") -> RunResult:
+    def fail_or_stop(self, job: JobView, attempt_id: UUID, worker_id: str, keeper: LeaseKeeper, code: FailureCode,
+                     detail: str, cause: FailureCause | None = None, *,
+                     stop_point: str = "BeforeDelivery") -> RunResult:
         """Running -> Failed before cutoff 2; a stop request recorded first wins, and the attempt records
         Stopped instead (``export_finish_failed`` matches nothing then)."""
+        keeper.ending()
         write = export.finish_failed(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                      failure_reason=code, detail=detail[:300], cause=cause)
         if write is WriteResult.NOT_MATCHED:
@@ -105,8 +108,9 @@ class Endings:
             log.warning("runner.terminal_write_not_matched", write=write.value)
         return RunResult(RunOutcome.FAILED, attempt_id, write)
 
-    def finish_stopped(self, job: JobView, attempt_id: UUID, worker_id: str, stop_point: str,
-                        stop: StopSignal | None) -> RunResult:
+    def finish_stopped(self, job: JobView, attempt_id: UUID, worker_id: str, keeper: LeaseKeeper, stop_point: str,
+                       stop: StopSignal | None) -> RunResult:
+        keeper.ending()
         write = export.finish_stopped(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                       stop_point=stop_point)
         if write is WriteResult.WRITTEN:

@@ -10,8 +10,11 @@
 - A renewal that changes no row means a takeover committed (or the attempt ended): the keeper sets
   the stop signal with ``LEASE_LOST``. Before cutoff 2 that stops preparation; during the upload the
   runner ignores it, and recovery reconciles.
-- ``finish()`` stops renewals and waits for one in flight; a renewal that then finds no row is not
-  reported as lost ownership.
+- ``ending()`` comes just before the attempt's own last write (terminal, or a deferral back to Queued),
+  and ``finish()`` right after it: from ``ending()`` on, a renewal that finds no row may have been ended
+  by that write (a renewal blocked behind it finds the row ended the moment it commits), so it is not
+  reported as lost ownership; the write's own answer says whether a takeover got there first.
+  ``finish()`` stops renewals and waits for one in flight.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class LeaseKeeper:
         self._db = db
         self._lock = threading.Lock()            # one renewal of this attempt at a time
         self._finished = threading.Event()
+        self._ending = threading.Event()
         self._job = None
         self.history: list[Renewal] = []
         #: Set by ``renew_now`` before it waits for the lock (tests confirm the wait with it).
@@ -111,6 +115,11 @@ class LeaseKeeper:
             if result is not RenewResult.FAILED:
                 return result
         return result
+
+    def ending(self) -> None:
+        """The attempt's own last write is about to go out: a renewal that finds no row from here on is
+        not a lost lease. Renewals go on until ``finish()``."""
+        self._ending.set()
 
     def finish(self) -> None:
         """Stops renewals and waits for one in flight. Idempotent, never raises."""
@@ -151,8 +160,8 @@ class LeaseKeeper:
             result = RenewResult.FAILED
         self.history.append(Renewal(kind, result, started, time.monotonic()))
         if result is RenewResult.LOST:
-            if self._finished.is_set():
-                # The attempt's last write is behind it: no row is the expected answer, not a loss.
+            if self._ending.is_set() or self._finished.is_set():
+                # The attempt's last write is under way or behind it: no row is its answer, not a loss.
                 return result
             self.lost = True
             metrics.worker().leases_lost.inc()

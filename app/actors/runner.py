@@ -236,7 +236,7 @@ class ExportRunner:
             metrics.worker().build_seconds.observe(time.monotonic() - started)
             metrics.worker().build_bytes.inc(built.size)
             if stop.reason is StopReason.STOP_REQUESTED:
-                return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
+                return self.endings.finish_stopped(job, attempt_id, worker_id, keeper, "BeforeDelivery", stop)
             if stop.is_set():
                 raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
             marker = profile.marker_file(job.file_name, size=built.size, sha256=built.sha256, rows=built.rows,
@@ -262,7 +262,7 @@ class ExportRunner:
                 case Unreachable(cause=cause, detail=detail):
                     # A configuration error: trying again later would fail the same way.
                     self.circuits.reached(job.destination_id, was_open=was_open)
-                    return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.NOT_DELIVERED,
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, keeper, FailureCode.NOT_DELIVERED,
                                                      f"the partner refused the configuration: {detail}", cause)
                 case Refused(outcome=refused):
                     self.circuits.reached(job.destination_id, was_open=was_open)
@@ -274,7 +274,7 @@ class ExportRunner:
                     except Exception as exc:
                         log.warning("runner.baseline_not_recorded", error=type(exc).__name__)
                         return RunResult(RunOutcome.GAVE_UP, attempt_id)
-                    return self.endings.fail_or_stop(job, attempt_id, worker_id, refused.code, refused.detail,
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, keeper, refused.code, refused.detail,
                                                      refused.cause)
                 case Ready():
                     ready = preparation
@@ -295,9 +295,9 @@ class ExportRunner:
                     log.info("runner.authorized", size=built.size)
                     return Prepared(built, expected, ready, pending)
                 case AuthorizationResult.STOP_RECORDED:
-                    return self.endings.finish_stopped(job, attempt_id, worker_id, "BeforeDelivery", stop)
+                    return self.endings.finish_stopped(job, attempt_id, worker_id, keeper, "BeforeDelivery", stop)
                 case AuthorizationResult.ORIGINAL_COMPLETED:
-                    return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.ORIGINAL_DELIVERED,
+                    return self.endings.fail_or_stop(job, attempt_id, worker_id, keeper, FailureCode.ORIGINAL_DELIVERED,
                                                      "the original was recorded Completed before cutoff 2")
                 case AuthorizationResult.LEASE_LAPSED | AuthorizationResult.NOT_OWNER | AuthorizationResult.UNKNOWN:
                     # Write nothing to the row: recovery takes it from here.
@@ -305,7 +305,7 @@ class ExportRunner:
                     return RunResult(RunOutcome.GAVE_UP, attempt_id)
         except BuildStopped as stopped:
             if stopped.reason is StopReason.STOP_REQUESTED:
-                return self.endings.finish_stopped(job, attempt_id, worker_id, "WhileBuilding", stop)
+                return self.endings.finish_stopped(job, attempt_id, worker_id, keeper, "WhileBuilding", stop)
             # A lost lease (the attempt owns nothing) or a shutdown (recovery takes over): write nothing.
             log.warning("runner.build_abandoned", reason=stopped.reason.value)
             return RunResult(RunOutcome.GAVE_UP, attempt_id)
@@ -316,7 +316,7 @@ class ExportRunner:
         except BuildFailed as failed:
             # Running -> Failed; nothing has left the process. Matches nothing after a takeover.
             log.warning("runner.build_failed", error=failed)
-            return self.endings.fail_or_stop(job, attempt_id, worker_id, FailureCode.BUILD_FAILED, str(failed),
+            return self.endings.fail_or_stop(job, attempt_id, worker_id, keeper, FailureCode.BUILD_FAILED, str(failed),
                                              failed.cause, stop_point="WhileBuilding")
         finally:
             if cutoff is not AuthorizationResult.AUTHORIZED:
@@ -359,6 +359,7 @@ class ExportRunner:
             # What the delivery observed and its outcome, appended in the terminal write's statement
             # whether or not the write matches: after a takeover, recovery weighs them.
             evidence = [*prepared.evidence.take(), outcome_evidence(outcome, attempt_id)]
+            keeper.ending()
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                            outcome=status, failure_reason=code, detail=detail, cause=cause,
                                            evidence=evidence, observed_by=_observer(worker_id, attempt_id))

@@ -126,6 +126,26 @@ def test_a_renewal_in_flight_at_finish_that_finds_no_row_is_not_reported_as_lost
     assert len(keeper.history) == count
 
 
+def test_a_renewal_released_by_the_attempts_own_terminal_write_before_finish_is_not_reported_as_lost(
+        seed, admin, db_url, scheduler, locker):
+    # The CI failure this specifies: the terminal write committed, the renewal waiting behind it found no
+    # row, and the runner had not reached finish() yet.
+    job = seed.running()
+    keeper, stop = _keeper(db_url, scheduler, job, renew_seconds=0.2)
+    wait_until(lambda: keeper.renewals >= 1, "a first scheduled renewal")
+
+    keeper.ending()
+    assert export.try_finish_failed(locker, job_id=job.id, attempt_id=job.attempt_id, worker_id="worker-test",
+                                  failure_reason=FailureCode.BUILD_FAILED) == 1
+    wait_until(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the terminal write")
+    locker.commit()
+    wait_until(lambda: keeper.history[-1].result is RenewResult.LOST, "the renewal to find no row")
+
+    assert not keeper.lost and not stop.is_set()   # finish() has not been called: ending() was enough
+    keeper.finish()
+    assert seed.status(job) is Status.FAILED
+
+
 def test_a_renewal_that_finds_no_row_before_finish_reports_the_lost_lease(seed, db_url, scheduler):
     job = seed.running()
     keeper, stop = _keeper(db_url, scheduler, job, renew_seconds=0.2)
