@@ -186,11 +186,11 @@ class ContactsBuilder:
                     if encryptor is not None:
                         # A stop must not wait for gpg to drain a full pipe.
                         unregister_gpg = stop.on_set(lambda _reason: encryptor.abort())
-                    sink = partner_file.Sink(out, profile.compression)
-                    for block, block_rows in partner_file.plaintext(conn, tenant_id, profile, CHUNK_BYTES):
-                        self._flush(block, sink, stop)
-                        rows += block_rows
-                    sink.finish()
+                    with partner_file.Sink(out, profile.compression) as sink:
+                        for block, block_rows in partner_file.plaintext(conn, tenant_id, profile, CHUNK_BYTES):
+                            self._flush(block, sink, stop)
+                            rows += block_rows
+                        sink.finish()
                     self._check(stop)
                     if encryptor is not None:
                         unregister_gpg()

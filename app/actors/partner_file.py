@@ -11,8 +11,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import queue
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -116,7 +118,13 @@ def file_digest(path: Path) -> tuple[int, bytes]:
 class Sink:
     """Writes the file: compressed as the profile says, sized and hashed as it goes (what cutoff 2
     records is the file the partner receives, compression and all; an encrypted file is hashed once gpg
-    has written it, by ``file_digest``)."""
+    has written it, by ``file_digest``).
+
+    Compression runs on a thread of its own, at most ``GZIP_QUEUE_BLOCKS`` blocks behind the COPY that
+    feeds it: zlib lets go of the GIL while it deflates, so reading rows and compressing them overlap,
+    as ``psql | gzip`` overlaps them in two processes (serial, a gzip build took the sum of both). Use it
+    as a context manager: leaving on an error ends the thread and drops what it had not written.
+    """
 
     def __init__(self, out: Writable, compression: Compression) -> None:
         self.out = out
@@ -124,16 +132,81 @@ class Sink:
         self.size = 0
         self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31) if compression is Compression.GZIP \
             else None
+        self._behind: _Behind | None = _Behind(self._compress) if self._compressor is not None else None
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        if self._behind is not None:
+            self._behind.close(drop=error is not None)
 
     def write(self, data: bytes | bytearray) -> None:
-        self._put(self._compressor.compress(data) if self._compressor is not None else data)
+        if self._behind is not None:
+            self._behind.put(data)
+        else:
+            self._put(data)
 
     def finish(self) -> None:
-        if self._compressor is not None:
+        """Writes what is left; raises what the compressing thread raised."""
+        if self._behind is not None:
+            self._behind.close(drop=False)
+            assert self._compressor is not None
             self._put(self._compressor.flush())
+
+    def _compress(self, data: bytes | bytearray) -> None:
+        assert self._compressor is not None
+        self._put(self._compressor.compress(data))
 
     def _put(self, data: bytes | bytearray) -> None:
         if data:
             self.out.write(data)
             self.digest.update(data)
             self.size += len(data)
+
+
+#: Blocks the compressing thread may lag behind the COPY: memory stays bounded by this many blocks.
+GZIP_QUEUE_BLOCKS = 4
+
+
+class _Behind:
+    """Runs ``work`` over blocks on a thread of its own, in order. The first error is kept and raised to
+    the producer at its next ``put`` or at ``close``; blocks after it are dropped, never left unread, so a
+    producer never waits on a thread that stopped taking them."""
+
+    _END = object()
+
+    def __init__(self, work: Callable[[bytes | bytearray], None]) -> None:
+        self._work = work
+        self._blocks: queue.Queue[object] = queue.Queue(GZIP_QUEUE_BLOCKS)
+        self._error: BaseException | None = None
+        self._dropping = False
+        self._thread = threading.Thread(target=self._run, name="partner-file-gzip", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def put(self, block: bytes | bytearray) -> None:
+        self._raise()
+        self._blocks.put(block)
+
+    def close(self, *, drop: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._dropping = drop
+        self._blocks.put(self._END)
+        self._thread.join()
+        if not drop:
+            self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (block := self._blocks.get()) is not self._END:
+            if self._error is None and not self._dropping:
+                try:
+                    self._work(block)   # type: ignore[arg-type]
+                except BaseException as exc:
+                    self._error = exc

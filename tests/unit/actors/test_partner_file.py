@@ -49,3 +49,45 @@ def test_a_gzip_sink_writes_what_gzip_reads_back_and_sizes_and_hashes_the_compre
     assert sink.size == len(written)
 
     assert sink.digest.digest() == hashlib.sha256(written).digest()
+
+
+class _FailingAt:
+    """A file whose ``n``-th write fails, as a full disk or a gpg that went away does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.writes = 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes >= self.n:
+            raise OSError(28, "No space left on device")
+
+
+def test_an_error_on_the_compressing_thread_reaches_the_build_and_later_blocks_are_not_written():
+    out = _FailingAt(1)
+    sink = partner_file.Sink(out, Compression.GZIP)
+    with pytest.raises(OSError, match="No space left"):
+        with sink:
+            # Incompressible blocks, so the compressor writes as it goes; the build learns of the error at
+            # a later write at the latest, however far behind the thread is.
+            for _ in range(50):
+                sink.write(hashlib.sha256(str(_).encode()).digest() * 8192)
+            sink.finish()
+    assert out.writes == 1
+
+
+def test_leaving_a_sink_on_a_stop_with_its_queue_full_returns_and_drops_what_was_not_written():
+    written = []
+
+    class Slow:
+        def write(self, data):
+            written.append(len(data))
+
+    sink = partner_file.Sink(Slow(), Compression.GZIP)
+    with pytest.raises(KeyboardInterrupt):
+        with sink:
+            for i in range(partner_file.GZIP_QUEUE_BLOCKS * 4):
+                sink.write(hashlib.sha256(str(i).encode()).digest() * 8192)
+            raise KeyboardInterrupt   # a stop raised by the build between blocks
+    assert not sink._behind._thread.is_alive()
