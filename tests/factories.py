@@ -5,6 +5,8 @@ connection, because no role may write the past."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -84,6 +86,16 @@ class Seeder:
         return job
 
     # --- time travel: only the owner may write the past --------------------------------------------
+
+    @contextmanager
+    def lease_expired(self, job: Job) -> Iterator[None]:
+        """The lease expired, and what the block runs on ``self.conn`` (a takeover), in one transaction of
+        the application's: a keeper renewing every fraction of a second waits on the row lock instead of
+        landing between the two (under load one did, and the takeover matched nothing)."""
+        with self.conn.transaction():
+            self.conn.execute("UPDATE export_jobs SET lease_expires_at = clock_timestamp() - interval '1 second'"
+                              " WHERE id = %s", (job.id,))
+            yield
 
     def expire_lease(self, job: Job, seconds_ago: float = 1.0) -> None:
         self.admin.execute(

@@ -72,6 +72,10 @@ class SoakOptions:
     report_path: Path | None = None
     #: Both destinations deliver gzip + OpenPGP + a manifest (needs gpg).
     partner_files: bool = False
+    #: Past ``minutes``, the kinds injected fewer times than this go on (the others stop), up to
+    #: ``max_minutes`` in all: a loaded machine makes fewer moments for the kinds that wait for one.
+    at_least: int = 0
+    max_minutes: float | None = None
 
 
 @dataclass
@@ -123,14 +127,15 @@ class Soak:
                               grace=options.grace_seconds,
                               history=lambda conn, job_id: checker.job_history(
                                   conn, job_id, system.partner_root, system.remote_dir))
-        faults_stop, watch_stop = threading.Event(), threading.Event()
+        stops = {kind: threading.Event() for kind in options.kinds}
+        watch_stop = threading.Event()
         mean_interval = 60.0 * len(options.kinds) / options.faults_per_minute
         def interval(kind: str) -> float:
             return mean_interval / WAITING_KINDS.get(kind, 1.0) * LASTING_KINDS.get(kind, 1)
 
         fault_threads = [threading.Thread(target=self._fault_loop,
                                           args=(system, KINDS[kind], random.Random(seeds.random()), interval(kind),
-                                                faults_stop),
+                                                stops[kind]),
                                           name=f"chaos-fault-{kind}-{n}", daemon=True)
                          for kind in options.kinds for n in range(LASTING_KINDS.get(kind, 1))]
         watcher = threading.Thread(target=self._watch_loop, args=(system, watch, watch_stop), daemon=True,
@@ -139,13 +144,17 @@ class Soak:
         for thread in fault_threads:
             thread.start()
         watcher.start()
-        end = time.monotonic() + options.minutes * 60
+        started = time.monotonic()
+        end = started + options.minutes * 60
+        last = started + max(options.minutes, options.max_minutes or 0.0) * 60
         try:
-            while time.monotonic() < end:
-                time.sleep(min(PROGRESS_SECONDS, max(0.0, end - time.monotonic())))
-                self._progress(system, "soak")
+            while (now := time.monotonic()) < end or (now < last and self._short_kinds(stops)):
+                until = end if now < end else last
+                time.sleep(min(PROGRESS_SECONDS, max(0.0, until - time.monotonic())))
+                self._progress(system, "soak" if time.monotonic() < end else "soak, until each kind is injected")
         finally:
-            faults_stop.set()
+            for stop in stops.values():
+                stop.set()
             workload.stop_creating()
             for thread in fault_threads:
                 thread.join(120)
@@ -164,6 +173,15 @@ class Soak:
         if not settled:
             say("  the system did not settle in time; the checker names what was left")
         return [*watch.violations, *found]
+
+    def _short_kinds(self, stops: dict[str, threading.Event]) -> list[str]:
+        """The kinds still injected fewer than ``at_least`` times; the others' loops are told to stop."""
+        counts = Counter(i.kind for i in self.injected())
+        short = [kind for kind in stops if counts[kind] < self.options.at_least]
+        for kind, stop in stops.items():
+            if kind not in short:
+                stop.set()
+        return short
 
     def _fault_loop(self, system: ChaosSystem, fault: Fault, rng: random.Random, mean_interval: float,
                     stop: threading.Event) -> None:
@@ -276,7 +294,8 @@ def command_line(options: SoakOptions) -> str:
     kinds = "" if set(options.kinds) == set(KINDS) else f" --faults {','.join(options.kinds)}"
     return (f"exports chaos --minutes {options.minutes:g} --rate {options.rate:g} --seed {options.seed} "
             f"--faults-per-minute {options.faults_per_minute:g} --settle-minutes {options.settle_minutes:g} "
-            f"--grace {options.grace_seconds:g}{kinds}")
+            f"--grace {options.grace_seconds:g}{kinds}"
+            + (f" --at-least {options.at_least} --max-minutes {options.max_minutes:g}" if options.at_least else ""))
 
 
 def say(text: str) -> None:

@@ -41,6 +41,19 @@ def _seed(value: str) -> int:
 _seed.__name__ = "seed"
 
 
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {printable(value, 60)!r}") from None
+    if not 0 <= number <= 1000:
+        raise argparse.ArgumentTypeError("must be from 0 to 1000")
+    return number
+
+
+_count.__name__ = "count"
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "chaos", help_="soak the whole system under load and faults, then check every promise",
                 description="Start the whole system (embedded services unless --database-url/--broker-url), create "
@@ -57,6 +70,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="only these fault kinds (default every kind; `--faults list` names them)")
     p.add_argument("--faults-per-minute", type=_positive("faults per minute", 10_000), default=60.0,
                    help="faults injected per minute over all kinds (default 60)")
+    p.add_argument("--at-least", type=_count, default=0, metavar="N",
+                   help="past --minutes, keep injecting the kinds injected fewer than N times (the others stop) "
+                        "until each has N or --max-minutes pass: a loaded machine makes fewer moments for the "
+                        "kinds that wait for an upload or a rename (default 0: stop at --minutes)")
+    p.add_argument("--max-minutes", type=_positive("minutes", 24 * 60), default=None,
+                   help="with --at-least, the longest faults and load run in all (default: twice --minutes)")
     p.add_argument("--settle-minutes", type=_positive("minutes", 120), default=5.0,
                    help="longest wait for the system to settle after the faults stop (default 5)")
     p.add_argument("--grace", type=_positive("seconds", 600), default=10.0,
@@ -90,7 +109,8 @@ def chaos(ctx: Context, args: argparse.Namespace) -> int:
                                faults_per_minute=args.faults_per_minute, settle_minutes=args.settle_minutes,
                                grace_seconds=args.grace, database_url=args.database_url,
                                broker_url=args.broker_url, report_path=Path(args.report) if args.report else None,
-                               partner_files=args.partner_files)
+                               partner_files=args.partner_files, at_least=args.at_least,
+                               max_minutes=args.max_minutes if args.max_minutes is not None else 2 * args.minutes)
     report, path = soak.run(ctx.settings, options)
     if ctx.json:
         print(json.dumps(report, indent=2, default=str))

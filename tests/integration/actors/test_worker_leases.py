@@ -23,9 +23,9 @@ def _attempt(worker, job):
 def _requeue(worker, job):
     """Recovery's takeover of an expired Running attempt, committed."""
     attempt_id = _attempt(worker, job)
-    worker.seed.expire_lease(job)
-    assert recovery.requeue_expired(worker.conn, [(job.id, attempt_id)], max_attempts=5,
-                                    recovery_run_id=RUN)
+    with worker.seed.lease_expired(job):
+        assert recovery.requeue_expired(worker.seed.conn, [(job.id, attempt_id)], max_attempts=5,
+                                        recovery_run_id=RUN)
 
 
 #: A lease the test outlasts on purpose: long enough that a renewal due every half second still lands
@@ -193,10 +193,10 @@ def test_an_upload_taken_over_by_recovery_still_finishes_keeps_its_evidence_and_
 
     def taken_over():
         attempt_id = _attempt(worker, job)
-        worker.seed.expire_lease(job)
-        assert recovery.resolve_delivering(worker.conn, job_id=job.id, expired_attempt_id=attempt_id,
-                                           resolution=Status.OUTCOME_UNKNOWN, evidence_summary="no receipt yet",
-                                           recovery_run_id=RUN)
+        with worker.seed.lease_expired(job):
+            assert recovery.resolve_delivering(worker.seed.conn, job_id=job.id, expired_attempt_id=attempt_id,
+                                               resolution=Status.OUTCOME_UNKNOWN,
+                                               evidence_summary="no receipt yet", recovery_run_id=RUN)
         # The keeper reports the loss before the upload starts: a lost lease never stops an upload.
         keeper = runners[0].leases.keeper
         wait_until(lambda: keeper.lost, "the keeper to report the lost lease")

@@ -149,8 +149,8 @@ def test_a_renewal_released_by_the_attempts_own_terminal_write_before_finish_is_
 def test_a_renewal_that_finds_no_row_before_finish_reports_the_lost_lease(seed, db_url, scheduler):
     job = seed.running()
     keeper, stop = _keeper(db_url, scheduler, job, renew_seconds=0.2)
-    seed.expire_lease(job)
-    assert recovery.requeue_expired(seed.conn, [(job.id, job.attempt_id)], max_attempts=5, recovery_run_id="r")
+    with seed.lease_expired(job):
+        assert recovery.requeue_expired(seed.conn, [(job.id, job.attempt_id)], max_attempts=5, recovery_run_id="r")
 
     assert stop.wait(10)
     assert keeper.lost and stop.reason.value == "LeaseLost"
