@@ -46,6 +46,10 @@ class Violation(enum.Enum):
     TRANSITION_RECORDED = "TransitionRecorded"
     #: The tenant already recorded a cancellation request with this id.
     REQUEST_ID_TAKEN = "RequestIdTaken"
+    #: The tenant already recorded a create or replace request with this id.
+    CREATE_REQUEST_TAKEN = "CreateRequestTaken"
+    #: The schedule already has an export for this slot.
+    SLOT_TAKEN = "SlotTaken"
 
 
 _VIOLATIONS = {
@@ -58,6 +62,8 @@ _VIOLATIONS = {
     "uq_export_jobs_one_replacement": Violation.REPLACEMENT_SLOT_TAKEN,
     "uq_attempt_transition": Violation.TRANSITION_RECORDED,
     "pk_cancellation_requests": Violation.REQUEST_ID_TAKEN,
+    "pk_create_requests": Violation.CREATE_REQUEST_TAKEN,
+    "uq_export_jobs_slot": Violation.SLOT_TAKEN,
 }
 
 

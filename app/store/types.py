@@ -202,3 +202,15 @@ class CancellationResult:
     found_delivery_authorized_at: datetime | None = None
     #: When the answer is a request already recorded (the same click again): when it was recorded.
     replay_of: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleSlot:
+    """What an export a schedule creates records about it: the schedule, the slot (its local wall-clock
+    time in the schedule's zone), and for an incremental schedule the snapshot of its last Completed run
+    (``since``, pg_snapshot's text; None: the first run, a full one)."""
+
+    schedule_id: UUID
+    slot: datetime
+    incremental: bool = False
+    since: str | None = None

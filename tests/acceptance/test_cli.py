@@ -22,7 +22,7 @@ from exports_devtools.processes import clean_environ
 from tests.fixtures.processes import CliResult, ExportsCli
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",
-          "export_attempt_events", "cancellation_requests", "outbox")
+          "export_attempt_events", "cancellation_requests", "outbox", "create_requests", "schedules", "schedule_runs")
 
 
 def snapshot(admin: psycopg.Connection) -> dict[str, list]:

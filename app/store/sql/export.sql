@@ -5,14 +5,17 @@
 
 -- name: export_create
 -- An original job, its deliveries row (the key's owner, with the file name it delivers under) and its
--- first wake-up, together or not at all.
+-- first wake-up, together or not at all. A schedule's export names its schedule and slot (the slot's row
+-- is written in the same transaction) and, if incremental, the snapshot it sends the changes since.
 WITH delivery AS (
     INSERT INTO deliveries (tenant_id, delivery_key, original_job_id, file_name)
     VALUES (%(tenant_id)s, %(delivery_key)s, %(job_id)s, %(file_name)s)),
 created AS (
-    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at,
+                             schedule_id, schedule_slot, incremental, incremental_since)
     VALUES (%(job_id)s, %(tenant_id)s, 'Queued', 1, %(destination_id)s, %(delivery_key)s, %(created_by)s,
-            clock_timestamp())
+            clock_timestamp(), %(schedule_id)s, %(schedule_slot)s, %(incremental)s,
+            %(incremental_since)s::pg_snapshot)
     RETURNING id)
 INSERT INTO outbox (message_id, kind, job_id, created_at)
 SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created
@@ -21,8 +24,11 @@ RETURNING job_id;
 -- name: export_create_replacement
 -- A replacement of an original that is OutcomeUnknown or Failed for a reason proving nothing was
 -- finalized. FOR UPDATE waits for a concurrent correction of the original, then re-checks its status.
+-- A scheduled original's schedule, slot and incremental terms are carried on: the replacement delivers
+-- the same changes, from a snapshot of its own.
 WITH original AS (
-    SELECT id, tenant_id, destination_id, delivery_key
+    SELECT id, tenant_id, destination_id, delivery_key, schedule_id, schedule_slot, incremental,
+           incremental_since
     FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s AND replaces_job_id IS NULL
       AND (status = 'OutcomeUnknown'
@@ -30,9 +36,11 @@ WITH original AS (
     FOR UPDATE),
 created AS (
     INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id,
-                             created_by, replacement_reason, overwrite_agreement_ref, woken_at)
+                             created_by, replacement_reason, overwrite_agreement_ref, woken_at,
+                             schedule_id, schedule_slot, incremental, incremental_since)
     SELECT %(job_id)s, tenant_id, 'Queued', 1, destination_id, delivery_key, id,
-           %(created_by)s, %(replacement_reason)s, %(overwrite_agreement_ref)s, clock_timestamp()
+           %(created_by)s, %(replacement_reason)s, %(overwrite_agreement_ref)s, clock_timestamp(),
+           schedule_id, schedule_slot, incremental, incremental_since
     FROM original
     RETURNING id)
 INSERT INTO outbox (message_id, kind, job_id, created_at)
