@@ -111,6 +111,9 @@ class _Scheduler:
                               ["service", "count"])
         self.automatic_retries = Counter("exports_automatic_retries_total",
                                          "Replacements the retry policy created for proven transient non-deliveries.")
+        self.schedule_slots = Counter("exports_schedule_slots_total",
+                                      "Schedule slots decided, by outcome: Created (its export created), Missed, "
+                                      "Held (waiting for an earlier incremental run to settle).", ["outcome"])
 
 
 _built: dict[type, Any] = {}

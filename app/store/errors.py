@@ -56,6 +56,7 @@ _VIOLATIONS = {
     "pk_deliveries": Violation.KEY_TAKEN,
     "uq_export_jobs_original_key": Violation.KEY_TAKEN,
     "fk_export_jobs_destination": Violation.UNKNOWN_DESTINATION,
+    "fk_schedules_destination": Violation.UNKNOWN_DESTINATION,
     "destinations_tenant_id_fkey": Violation.UNKNOWN_TENANT,
     "operator_access_tenant_id_fkey": Violation.UNKNOWN_TENANT,
     "contacts_tenant_id_fkey": Violation.UNKNOWN_TENANT,

@@ -167,6 +167,7 @@ class _Protocol(Framing):
             self.started = True   # the startup message: untyped, never a statement
             return True
         text = self._statement_text(message)
+        rule: Rule | None
         if self.commit_rule is not None and text is not None and text.rstrip(b"\0").strip().upper() == b"COMMIT":
             rule, self.commit_rule = self.commit_rule, None
         else:

@@ -6,10 +6,21 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from app.cli.common import EXIT_BUSY, EXIT_REFUSED
 from app.store import connector
-from tests.acceptance.test_cli import grant, one_line_error, snapshot  # noqa: F401  (grant: the tenant fixture's)
-from tests.acceptance.test_cli import tenant  # noqa: F401  (a fixture)
+from tests.acceptance.test_cli import Tenant, grant, one_line_error, snapshot
+
+
+@pytest.fixture
+def tenant(seed, conn) -> Tenant:
+    """Tenant 'Initech' with one destination, 'partner', and operator 'alice' granted for it."""
+    tenant_id = seed.tenant("Initech")
+    destination_id = seed.destination(tenant_id)
+    grant(conn, tenant_id, "alice")
+    return Tenant(tenant_id, destination_id)
+
 
 CREATE = ("create", "--tenant", "Initech", "--destination", "partner", "--by", "alice")
 
