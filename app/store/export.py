@@ -225,7 +225,7 @@ def try_authorize_delivery(
         job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
         final_name=expected.name, length=expected.size, sha256=expected.sha256, evidence=list(evidence),
         observed_by=observed_by, profile_version=profile_version, marker_name=expected.marker_name,
-        marker=expected.marker))
+        marker=expected.marker, snapshot=expected.snapshot))
     return _transitions("export_authorize_delivery", row, evidence)
 
 

@@ -157,6 +157,9 @@ class ExpectedFile:
     #: its name and its whole content (an empty ``.done``, or the manifest), recorded with the file.
     marker_name: str | None = None
     marker: bytes | None = field(default=None, repr=False)
+    #: An incremental export's: the snapshot its build read (pg_snapshot's text), the watermark its
+    #: schedule's next run sends the changes since, once this one is Completed.
+    snapshot: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.sha256) != 32:

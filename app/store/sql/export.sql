@@ -91,7 +91,7 @@ RETURNING id;
 -- same statement, whoever owns the job and whether or not it is authorized: evidence never depends on
 -- the transition, but a Delivering attempt always has its baseline, and one round trip and one commit
 -- carry both. One INSERT, ordered, so the evidence's ids come before DeliveryAuthorized's, as they
--- would have had it been appended first.
+-- would have had it been appended first. An incremental export also records the snapshot its build read.
 WITH original_open AS (
     SELECT 1 FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid AND status <> 'Completed'
@@ -101,7 +101,8 @@ authorized AS (
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
         expected_profile_version = %(profile_version)s, expected_marker_name = %(marker_name)s,
-        expected_marker = %(marker)s, delivery_authorized_at = clock_timestamp()
+        expected_marker = %(marker)s, expected_snapshot = %(snapshot)s::pg_snapshot,
+        delivery_authorized_at = clock_timestamp()
     WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL
       AND lease_expires_at > clock_timestamp()
