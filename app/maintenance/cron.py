@@ -21,6 +21,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.cron import CronTrigger
 
+from app.errors import ExportsError
+
 #: Longest expression and zone name accepted (the schema's CHECKs allow these).
 MAX_EXPRESSION = 200
 MAX_ZONE = 100
@@ -28,8 +30,9 @@ _DIGIT = re.compile(r"\d")
 _STEP = timedelta(microseconds=1)
 
 
-class CronError(ValueError):
-    """Raised when a cron expression or a time zone cannot be used; the message says why."""
+class CronError(ExportsError, ValueError):
+    """Raised when a cron expression or a time zone cannot be used; the message says why. Also a
+    ``ValueError``, which is what a bad value is."""
 
 
 @dataclass(frozen=True)

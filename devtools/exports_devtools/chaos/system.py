@@ -36,6 +36,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -213,10 +214,17 @@ class ChaosSystem(SoakServices):
             self.say(f"  schedules {', '.join(c for c, _ in SCHEDULES)} (the second incremental)")
 
     def pause_schedules(self) -> None:
-        """Stops the schedules firing, so the system can settle; their exports go on."""
+        """Stops the schedules firing, so the system can settle; their exports go on. Tried a few times: the
+        database may still be coming back from the soak's last fault."""
         for schedule_id in self.schedule_ids:
-            self.cli("schedule", "pause", str(schedule_id), "--tenant", self.tenant, "--by", self.operator,
-                     expect=None)
+            for _ in range(10):
+                done = self.cli("schedule", "pause", str(schedule_id), "--tenant", self.tenant, "--by", self.operator,
+                                expect=None)
+                if done.returncode == 0 or "is Paused" in done.stderr:
+                    break
+                time.sleep(1)
+            else:
+                raise SetupFailed(f"schedule {schedule_id} could not be paused: {done.stderr.strip()}")
 
     def _partner_files_profile(self) -> tuple[str, ...]:
         """The profile options of ``partner_files``: a partner keypair made with gpg for this soak (its
