@@ -84,6 +84,10 @@ class Settings:
     #: automatic retry, doubling for each later one; it runs every retry_interval seconds.
     retry_backoff_seconds: float = 60.0
     retry_interval_seconds: float = 30.0
+    #: The scheduler looks for due schedule slots every schedule_interval seconds; a slot older than the
+    #: grace when a scheduler gets to it (every scheduler was down) is recorded Missed rather than run.
+    schedule_interval_seconds: float = 5.0
+    schedule_grace_seconds: float = 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -122,6 +126,8 @@ class Settings:
             session_idle_seconds=_number(env, "EXPORTS_SESSION_IDLE_SECONDS", 30.0, minimum=0.1),
             retry_backoff_seconds=_number(env, "EXPORTS_RETRY_BACKOFF_SECONDS", 60.0, minimum=0.1),
             retry_interval_seconds=_number(env, "EXPORTS_RETRY_INTERVAL", 30.0, minimum=0.1),
+            schedule_interval_seconds=_number(env, "EXPORTS_SCHEDULE_INTERVAL", 5.0, minimum=0.1),
+            schedule_grace_seconds=_number(env, "EXPORTS_SCHEDULE_GRACE_SECONDS", 3600.0, minimum=1),
         )
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "

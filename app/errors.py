@@ -28,6 +28,7 @@ turns each into an exit code::
             BuildStopped                                     the stop signal ended the build
             BuildFailed                                      the data, the query or the disk failed it
             BuildInterrupted                                 the database failed transiently on every try
+        CronError (ValueError)      app/maintenance/cron.py  a cron expression or time zone APScheduler cannot use
         ClaimUnknown                app/actors/export.py     the claim and its re-read both failed
         EvidenceNotAppended         app/actors/runner.py     delivery evidence matched no export row
         CliError                    app/cli/common.py        a command's one-line answer and its exit code

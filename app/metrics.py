@@ -111,6 +111,9 @@ class _Scheduler:
                               ["service", "count"])
         self.automatic_retries = Counter("exports_automatic_retries_total",
                                          "Replacements the retry policy created for proven transient non-deliveries.")
+        self.schedule_slots = Counter("exports_schedule_slots_total",
+                                      "Schedule slots decided, by outcome: Created (its export created), Missed, "
+                                      "Held (waiting for an earlier incremental run to settle).", ["outcome"])
 
 
 _built: dict[type, Any] = {}
@@ -170,6 +173,7 @@ class DatabaseGauges:
                 by_status = reads.jobs_by_status(conn)
                 backlog = reads.backlog(conn)
                 live = reads.live_processes(conn, silent_seconds=self.silent_seconds)
+                scheduled = reads.schedules(conn)
         except Exception as exc:
             log.warning("metrics.scrape_failed", error=type(exc).__name__)
             up.add_metric([], 0)
@@ -194,6 +198,11 @@ class DatabaseGauges:
             ("exports_outcome_unknown_jobs", "Jobs in OutcomeUnknown: they need evidence or a person.",
              backlog.outcome_unknown),
             ("exports_max_sweep_count", "The highest sweep_count of a Queued job.", backlog.max_sweep_count),
+            ("exports_schedules_active", "Active export schedules.", scheduled.active),
+            ("exports_schedule_overdue_seconds", "How long the most overdue schedule's fire has waited for a "
+             "scheduler (0: none due).", scheduled.overdue_seconds),
+            ("exports_schedule_held_slots", "Slots of incremental schedules held until an earlier run is settled.",
+             scheduled.held_slots),
         ):
             family = GaugeMetricFamily(name, help_)
             family.add_metric([], value)

@@ -1,6 +1,6 @@
 """The scheduler process (``exports scheduler``): recovery (its takeovers and its reconciliation pass as
-two jobs), the sweeper and the retry policy, each run by APScheduler at its interval, with the process's
-heartbeat and its metrics (``/metrics``, with gauges read from the database on each scrape).
+two jobs), the sweeper, the retry policy and the export schedules, each run by APScheduler at its interval,
+with the process's heartbeat and its metrics (``/metrics``, with gauges read from the database on each scrape).
 
 The services live in ``app/maintenance/``, one per file, each built from a database and its own
 config with a ``run_once()`` that returns counts; this module only wires them in. Every write they
@@ -24,6 +24,7 @@ from app.heartbeat import SILENT_INTERVALS, Heartbeat
 from app.maintenance.heartbeats import PRUNE_INTERVAL_SECONDS, HeartbeatPruner, PruneConfig
 from app.maintenance.recovery import InspectDestination, Recovery, RecoveryConfig
 from app.maintenance.retries import Retries, RetryConfig
+from app.maintenance.schedules import ScheduleConfig, Schedules
 from app.maintenance.sweeper import Sweeper, SweeperConfig
 from app.store.database import Database
 from app.store.types import Role
@@ -58,6 +59,8 @@ def build_scheduler(settings: Settings, db: Database, *, inspect_destination: In
         ("sweeper", Sweeper(db, SweeperConfig.from_settings(settings)).run_once, settings.sweep_interval_seconds),
         ("retries", Retries(db, RetryConfig.from_settings(settings)).run_once, settings.retry_interval_seconds),
         ("heartbeats", HeartbeatPruner(db, PruneConfig.from_settings(settings)).run_once, PRUNE_INTERVAL_SECONDS),
+        ("schedules", Schedules(db, ScheduleConfig.from_settings(settings)).run_once,
+         settings.schedule_interval_seconds),
     )
     for name, run, interval in services:
         scheduler.add_job(_run_logged(name, run), "interval", seconds=interval, id=name, name=name,
@@ -76,7 +79,8 @@ def run_forever(settings: Settings, url: str, stop_event: threading.Event) -> No
         scheduler = build_scheduler(settings, db)
         scheduler.start()
         log.info("scheduler.started", recovery_every=settings.recovery_interval_seconds,
-                 sweep_every=settings.sweep_interval_seconds, retries_every=settings.retry_interval_seconds)
+                 sweep_every=settings.sweep_interval_seconds, retries_every=settings.retry_interval_seconds,
+                 schedules_every=settings.schedule_interval_seconds, schedule_grace=settings.schedule_grace_seconds)
         try:
             stop_event.wait()
         finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import assert_never
@@ -36,6 +37,7 @@ from app.delivery.openpgp import KeyExpired, KeyRefused
 from app.delivery.profile import DEFAULT_PROFILE, Profile
 from app.errors import ExportsError
 from app.store import errors
+from app.store import worker as worker_reads
 from app.store.database import Database
 from app.store.types import FailureCause, Role
 
@@ -81,6 +83,8 @@ class BuiltFile:
     size: int
     sha256: bytes = field(repr=False)
     rows: int
+    #: An incremental build's snapshot (pg_snapshot's text): its rows are exactly what it could see.
+    snapshot: str | None = None
 
     def delete(self) -> bool:
         """Best effort and idempotent, never raises; a failure is logged for the scavenger."""
@@ -136,16 +140,18 @@ class ContactsBuilder:
             self._db.close()
 
     def build(self, *, job_id: UUID, attempt_id: UUID, tenant_id: UUID, scope: Scope, stop: StopSignal,
-              profile: Profile = DEFAULT_PROFILE) -> BuiltFile:
+              profile: Profile = DEFAULT_PROFILE, changes: partner_file.Changes | None = None) -> BuiltFile:
+        """The file, from one snapshot of the contacts; with ``changes``, an incremental export's, which
+        records that snapshot."""
         final = self.work_dir / file_name(job_id, attempt_id)
         partial = final.with_name(final.name + ".part")
         tries = 0
         while True:
             tries += 1
             try:
-                built = self._write(partial, tenant_id, scope, stop, profile)
+                built = self._write(partial, tenant_id, scope, stop, profile, changes)
                 os.replace(partial, final)
-                return BuiltFile(final, built[0], built[1], built[2])
+                return BuiltFile(final, *built)
             except BuildStopped:
                 remove_quietly(partial)
                 raise
@@ -171,23 +177,27 @@ class ContactsBuilder:
                 remove_quietly(final)
                 raise
 
-    def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal,
-               profile: Profile) -> tuple[int, bytes, int]:
+    def _write(self, partial: Path, tenant_id: UUID, scope: Scope, stop: StopSignal, profile: Profile,
+               changes: partner_file.Changes | None) -> tuple[int, bytes, int, str | None]:
         if scope is not Scope.CONSENTING_CONTACTS:
             # A scope with no query here is a bug mypy points at, not an input to refuse.
             assert_never(scope)
         self._check(stop)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         rows = 0
-        with self.db.connection() as conn:
+        snapshot = None
+        with self.db.connection() as conn, (conn.transaction() if changes is not None else nullcontext()):
             unregister = stop.on_set(lambda _reason: _cancel(conn))
             try:
+                if changes is not None:
+                    snapshot = worker_reads.begin_snapshot(conn)
                 with partner_file.output(partial, profile) as (out, encryptor):
                     if encryptor is not None:
                         # A stop must not wait for gpg to drain a full pipe.
                         unregister_gpg = stop.on_set(lambda _reason: encryptor.abort())
                     with partner_file.Sink(out, profile.compression) as sink:
-                        for block, block_rows in partner_file.plaintext(conn, tenant_id, profile, CHUNK_BYTES):
+                        for block, block_rows in partner_file.plaintext(conn, tenant_id, profile, CHUNK_BYTES,
+                                                                        changes=changes):
                             self._flush(block, sink, stop)
                             rows += block_rows
                         sink.finish()
@@ -201,8 +211,8 @@ class ContactsBuilder:
             finally:
                 unregister()
         if encryptor is not None:
-            return (*partner_file.file_digest(partial), rows)
-        return sink.size, sink.digest.digest(), rows
+            return (*partner_file.file_digest(partial), rows, snapshot)
+        return sink.size, sink.digest.digest(), rows, snapshot
 
     def _flush(self, chunk: bytes | bytearray, sink: partner_file.Sink, stop: StopSignal) -> None:
         """Writes one chunk, then checks the stop (and the tests' checkpoint)."""

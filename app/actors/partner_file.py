@@ -16,6 +16,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from uuid import UUID
@@ -31,34 +32,42 @@ BOM = b"\xef\xbb\xbf"
 GZIP_LEVEL = 6
 
 
-def copy_shape(profile: Profile) -> worker_reads.ContactsCopy:
+def copy_shape(profile: Profile, incremental: bool = False) -> worker_reads.ContactsCopy:
     sources = tuple(("attributes", c.attribute) if c.attribute is not None else c.source for c in profile.columns)
     if profile.format is Format.JSONL:
-        return worker_reads.ContactsCopy(sources, json_keys=tuple(c.header for c in profile.columns))
+        return worker_reads.ContactsCopy(sources, json_keys=tuple(c.header for c in profile.columns),
+                                         change_column=incremental)
     return worker_reads.ContactsCopy(sources, delimiter=profile.delimiter, quote_all=profile.quoting is Quoting.ALL,
-                                     neutralize_formulas=profile.neutralize_formulas)
+                                     neutralize_formulas=profile.neutralize_formulas, change_column=incremental)
 
 
-def preamble(profile: Profile) -> bytes:
-    """What comes before the first row: the BOM, and the header line (quoted as the rows are)."""
+def preamble(profile: Profile, incremental: bool = False) -> bytes:
+    """What comes before the first row: the BOM, and the header line (quoted as the rows are), which an
+    incremental export ends with its ``_change`` column."""
     head = BOM if profile.bom else b""
     if profile.format is Format.CSV and profile.header:
         line = io.StringIO()
+        headers = [c.header for c in profile.columns] + ([worker_reads.CHANGE_COLUMN] if incremental else [])
         csv.writer(line, delimiter=profile.delimiter, lineterminator=_newline(profile).decode(),
                    quoting=csv.QUOTE_ALL if profile.quoting is Quoting.ALL else csv.QUOTE_MINIMAL,
-                   ).writerow([c.header for c in profile.columns])
+                   ).writerow(headers)
         head += line.getvalue().encode("utf-8")
     return head
 
 
 def plaintext(conn: psycopg.Connection, tenant_id: UUID, profile: Profile, block_bytes: int,
-              limit: int | None = None) -> Iterator[tuple[bytes | bytearray, int]]:
+              limit: int | None = None, changes: Changes | None = None) -> Iterator[tuple[bytes | bytearray, int]]:
     """The file before compression, in blocks of about ``block_bytes``, each with how many rows it holds.
-    The first block carries the preamble (an empty tenant still gets its header)."""
+    The first block carries the preamble (an empty tenant still gets its header). With ``changes``, an
+    incremental export's rows (run inside the transaction whose snapshot the build records)."""
     crlf = profile.line_ending is LineEnding.CRLF
     jsonl = profile.format is Format.JSONL
-    head = preamble(profile)
-    with worker_reads.consenting_contacts(conn, tenant_id, copy_shape(profile), block_bytes, limit=limit) as blocks:
+    head = preamble(profile, incremental=changes is not None)
+    source = worker_reads.consenting_contacts(conn, tenant_id, copy_shape(profile), block_bytes, limit=limit) \
+        if changes is None else worker_reads.changed_contacts(conn, tenant_id, changes.since,
+                                                              copy_shape(profile, incremental=True), block_bytes,
+                                                              limit=limit)
+    with source as blocks:
         for block, rows in blocks:
             data: bytes | bytearray = block
             if crlf:
@@ -68,6 +77,13 @@ def plaintext(conn: psycopg.Connection, tenant_id: UUID, profile: Profile, block
             yield data, rows
     if head:
         yield head, 0
+
+
+@dataclass(frozen=True)
+class Changes:
+    """An incremental export: the contacts changed since ``since`` (pg_snapshot's text; None: all of them)."""
+
+    since: str | None = None
 
 
 def _newline(profile: Profile) -> bytes:

@@ -27,6 +27,7 @@ from app.actors.builder import BuildFailed, BuildInterrupted, BuildStopped, Buil
 from app.actors.deferral import CIRCUIT_OPEN, PROBE_FAILED, Circuits, DeferralPolicy, session_busy_seconds
 from app.actors.endings import Endings, RunOutcome, RunResult
 from app.actors.lease import LeaseKeeper, Leases
+from app.actors.partner_file import Changes
 from app.actors.policy import Decision, ExportPolicy
 from app.actors.stop import StopReason, StopSignal
 from app.actors.watcher import StopWatcher
@@ -232,7 +233,8 @@ class ExportRunner:
                                   f"{type(exc).__name__}", FailureCause.CONFIGURATION) from exc
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
-                                       scope=decision.scope, stop=stop, profile=profile)
+                                       scope=decision.scope, stop=stop, profile=profile,
+                                       changes=Changes(job.incremental_since) if job.incremental else None)
             metrics.worker().build_seconds.observe(time.monotonic() - started)
             metrics.worker().build_bytes.inc(built.size)
             if stop.reason is StopReason.STOP_REQUESTED:
@@ -241,7 +243,9 @@ class ExportRunner:
                 raise BuildStopped(stop.reason or StopReason.SHUTDOWN)   # a takeover or a shutdown: stop here
             marker = profile.marker_file(job.file_name, size=built.size, sha256=built.sha256, rows=built.rows,
                                          export_id=job.id, delivery_key=job.delivery_key)
-            expected = ExpectedFile(job.file_name, built.size, built.sha256, *(marker or (None, None)))
+            marker_name, marker_content = marker or (None, None)
+            expected = ExpectedFile(job.file_name, built.size, built.sha256, marker_name, marker_content,
+                                    snapshot=built.snapshot)
             original = job.original_expected   # read with the job: final, since the original had ended
 
             # Reach the partner while the job is Running: a session, the baseline, the decision.

@@ -11,9 +11,11 @@ from typing import assert_never
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
     EXIT_BUSY,
+    EXIT_FAILURE,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
+    CliError,
     Context,
     bad_input,
     busy,
@@ -30,13 +32,12 @@ from app.cli.common import (
 )
 from app.cli.output import emit
 from app.delivery import naming
-from app.store import cancellation, export
+from app.store import cancellation, creation, export
 from app.store.types import (
     CancellationOutcome,
     CancellationReply,
     EditResult,
     FailureCode,
-    ReplacementResult,
     Role,
     Status,
 )
@@ -53,11 +54,15 @@ _OUTCOME_TEXT = {
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "create", help_="queue an export of a tenant's contacts",
-                description="Queue an export of the tenant's contacts to a destination; prints its id.",
-                exits=(EXIT_NOT_FOUND, EXIT_REFUSED))
+                description="Queue an export of the tenant's contacts to a destination; prints its id and the "
+                            "request id. Submitted again with the same --request-id (a double click, a retry after "
+                            "a lost reply or a busy answer), it answers the export already created and says it is "
+                            "a replay; nothing new is queued.",
+                exits=(EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_BUSY))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--destination", required=True, type=name, help="destination id or exact name")
     p.add_argument("--by", required=True, type=name, help="the operator")
+    _request_options(p, "the submission's id (minted and printed when not given)")
     p.set_defaults(handler=create)
 
     p = job_command(commands, "cancel", "cancel an export, or request that it stop",
@@ -82,10 +87,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     p = job_command(commands, "replace", "queue a replacement delivery for an export",
                     "Queue a replacement of an export that ended OutcomeUnknown or failed without finalizing a file. "
-                    "Naming a replacement means its original.", exits=(EXIT_REFUSED,))
+                    "Naming a replacement means its original. Submitted again with the same --request-id, it "
+                    "answers the replacement already created (the first reason stands).",
+                    exits=(EXIT_REFUSED, EXIT_BUSY))
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--reason", required=True, type=text())
     p.add_argument("--overwrite-agreement", type=text(), help="the partner's recorded overwrite agreement")
+    _request_options(p, "the submission's id (minted and printed when not given)")
     p.set_defaults(handler=replace)
 
     p = job_command(commands, "reconcile", "settle an OutcomeUnknown attempt from evidence",
@@ -108,6 +116,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--why", required=True, type=text())
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.set_defaults(handler=correct)
+
+
+def _request_options(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--request-id", type=uuid_arg, help=help_ + "; after a busy answer (75) or a lost reply, "
+                   "retry with the same --request-id")
+    p.add_argument("--lock-timeout", type=seconds_arg, default=2.0,
+                   help="seconds to wait for a lock before answering busy (default 2)")
 
 
 def _outcome(value: str) -> Status:
@@ -139,20 +154,49 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
     tenant = cli_lookup.tenant(views, args.tenant)
     cli_lookup.require_grant(views, args.by, tenant)
     destination = cli_lookup.destination(views, tenant, args.destination)
-    job_id, delivery_key = uuid.uuid4(), uuid.uuid4().hex
-    with ctx.connection() as conn:
-        result, file_name = naming.create_export(conn, job_id=job_id, tenant_id=tenant.id,
-                                                 destination_id=destination.id, delivery_key=delivery_key,
-                                                 created_by=args.by)
-    if result is export.CreateResult.UNKNOWN_DESTINATION:
-        raise not_found(f"no destination {destination.id} in tenant {tenant.name!r}")
-    if result is export.CreateResult.KEY_TAKEN:
-        raise refused(f"delivery key {delivery_key} is taken in tenant {tenant.name!r}; nothing created")
-    emit(ctx, f"export {job_id} queued for {destination.name!r} (file {file_name})",
-         {"job_id": str(job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
-          "delivery_key": delivery_key, "final_name": file_name, "status": Status.QUEUED.value,
-          "version": 1})
+    request_id = args.request_id or uuid.uuid4()
+    answer = naming.submit_create(ctx.connection, tenant_id=tenant.id, destination_id=destination.id,
+                                  requested_by=args.by, request_id=request_id,
+                                  lock_timeout=_lock_timeout(args.lock_timeout))
+    _refuse_unless_created(answer, f"in tenant {tenant.name!r}")
+    replay = _replay_text(answer)
+    emit(ctx, f"export {answer.job_id} queued for {destination.name!r} (file {answer.file_name}; "
+              f"request {request_id}{replay})",
+         {"job_id": str(answer.job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
+          "delivery_key": answer.delivery_key, "final_name": answer.file_name, "request_id": str(request_id),
+          "replay": answer.replay_of is not None, "recorded_at": answer.replay_of})
     return EXIT_OK
+
+
+def _replay_text(answer: creation.CreateAnswer) -> str:
+    if answer.replay_of is None:
+        return ""
+    return f"; a replay of the request recorded {answer.replay_of:%Y-%m-%d %H:%M:%S}: nothing new queued"
+
+
+def _refuse_unless_created(answer: creation.CreateAnswer, where: str) -> None:
+    """Raises the answer's one line when nothing was created, naming the request id to retry with."""
+    request_id, reply = answer.request_id, answer.reply
+    data = {"request_id": str(request_id), "reply": reply.value}
+    match reply:
+        case creation.CreateReply.CREATED:
+            return
+        case creation.CreateReply.BUSY:
+            raise busy(f"busy: a lock was held too long; nothing recorded; retry with --request-id {request_id}",
+                       **data)
+        case creation.CreateReply.REQUEST_ID_REUSED:
+            raise refused(f"RequestIdReused: request id {request_id} was already used for other terms or by "
+                          "another operator; nothing recorded", **data)
+        case creation.CreateReply.UNKNOWN_DESTINATION:
+            raise not_found(f"no such destination {where}; nothing recorded", **data)
+        case creation.CreateReply.KEY_TAKEN:
+            raise refused(f"the minted delivery key is taken {where}; nothing created", **data)
+        case creation.CreateReply.NOT_ALLOWED | creation.CreateReply.SLOT_TAKEN:
+            raise AssertionError("a replacement's refusal is answered by replace")   # pragma: no cover
+        case creation.CreateReply.UNKNOWN:
+            raise CliError(EXIT_FAILURE, f"the database's reply was lost and it could not be asked again: retry "
+                                         f"with --request-id {request_id} (it answers what was recorded)", **data)
+    assert_never(reply)
 
 
 def cancel(ctx: Context, args: argparse.Namespace) -> int:
@@ -217,22 +261,24 @@ def replace(ctx: Context, args: argparse.Namespace) -> int:
     named = cli_lookup.job(views, tenant, args.job)
     # A replacement always names the original, so naming a replacement means its original.
     original = cli_lookup.job(views, tenant, named.replaces_job_id) if named.replaces_job_id else named
-    job_id = uuid.uuid4()
-    with ctx.connection() as conn:
-        result = export.create_replacement(conn, job_id=job_id, tenant_id=tenant.id, original_job_id=original.id,
-                                         created_by=args.by, replacement_reason=args.reason,
-                                         overwrite_agreement_ref=args.overwrite_agreement)
-    if result is ReplacementResult.NOT_ALLOWED:
+    request_id = args.request_id or uuid.uuid4()
+    answer = creation.submit_replacement(
+        ctx.connection, tenant_id=tenant.id, request_id=request_id, job_id=uuid.uuid4(), original_job_id=original.id,
+        requested_by=args.by, replacement_reason=args.reason, overwrite_agreement_ref=args.overwrite_agreement,
+        lock_timeout=_lock_timeout(args.lock_timeout))
+    data = {"request_id": str(request_id), "reply": answer.reply.value, "original_job_id": str(original.id)}
+    if answer.reply is creation.CreateReply.NOT_ALLOWED:
         current = cli_lookup.job(views, tenant, original.id)
         reason = f", {current.failure_reason}" if current.failure_reason else ""
         raise refused(f"NotAllowed: original {original.id} is {current.status}{reason}; only an OutcomeUnknown "
-                      "original, or one that failed without finalizing a file, may be replaced",
-                      reply=result.value, original_job_id=str(original.id))
-    if result is ReplacementResult.SLOT_TAKEN:
-        raise refused(f"SlotTaken: original {original.id} already has a live or delivered replacement",
-                      reply=result.value, original_job_id=str(original.id))
-    emit(ctx, f"replacement {job_id} queued for original {original.id}",
-         {"job_id": str(job_id), "original_job_id": str(original.id), "result": result.value})
+                      "original, or one that failed without finalizing a file, may be replaced", **data)
+    if answer.reply is creation.CreateReply.SLOT_TAKEN:
+        raise refused(f"SlotTaken: original {original.id} already has a live or delivered replacement", **data)
+    _refuse_unless_created(answer, f"in tenant {tenant.name!r}")
+    emit(ctx, f"replacement {answer.job_id} queued for original {original.id} (request {request_id}"
+              f"{_replay_text(answer)})",
+         {"job_id": str(answer.job_id), "original_job_id": str(original.id), "result": answer.reply.value,
+          "request_id": str(request_id), "replay": answer.replay_of is not None, "recorded_at": answer.replay_of})
     return EXIT_OK
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from app.cli.common import bad_input, not_found, printable, refused
-from app.store.views import Destination, Grant, Job, Tenant, Views
+from app.store.views import Destination, Grant, Job, Schedule, Tenant, Views
 
 #: Rows read for a name: two are enough to tell one match from an ambiguous name.
 _NAME_MATCHES = 2
@@ -57,6 +57,14 @@ def job(views: Views, tenant_row: Tenant, job_id: UUID) -> Job:
     found = views.job(tenant_row.id, job_id)
     if found is None:
         raise not_found(f"no export {job_id} in tenant {tenant_row.name!r}")
+    return found
+
+
+def schedule(views: Views, tenant_row: Tenant, schedule_id: UUID) -> Schedule:
+    """This tenant's schedule. Another tenant's answers with the same words as a missing one."""
+    found = views.schedule(tenant_row.id, schedule_id)
+    if found is None:
+        raise not_found(f"no schedule {schedule_id} in tenant {tenant_row.name!r}")
     return found
 
 

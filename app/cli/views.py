@@ -79,6 +79,13 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
              f"attempts {job.attempt_count}  created by {job.created_by}",
              f"  delivery key {job.delivery_key}"
              + (f"  replaces {job.replaces_job_id} ({job.replacement_reason})" if job.replaces_job_id else "")]
+    if job.schedule_id:
+        since = ("changes since snapshot " + job.incremental_since if job.incremental_since
+                 else "everything (its schedule's first run)") if job.incremental else "a full export"
+        lines.append(f"  schedule {job.schedule_id}  slot {job.schedule_slot:%Y-%m-%d %H:%M:%S}  sends {since}")
+    if job.expected_snapshot:
+        lines.append(f"  built from snapshot {job.expected_snapshot} (the next incremental run's watermark once "
+                     "Completed)")
     if job.attempt_id:
         # A finished job has no lease to speak of: only a live attempt's expiry means anything.
         lease = f"  lease until {job.lease_expires_at}" if job.lease_expires_at else ""

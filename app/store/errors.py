@@ -46,18 +46,25 @@ class Violation(enum.Enum):
     TRANSITION_RECORDED = "TransitionRecorded"
     #: The tenant already recorded a cancellation request with this id.
     REQUEST_ID_TAKEN = "RequestIdTaken"
+    #: The tenant already recorded a create or replace request with this id.
+    CREATE_REQUEST_TAKEN = "CreateRequestTaken"
+    #: The schedule already has an export for this slot.
+    SLOT_TAKEN = "SlotTaken"
 
 
 _VIOLATIONS = {
     "pk_deliveries": Violation.KEY_TAKEN,
     "uq_export_jobs_original_key": Violation.KEY_TAKEN,
     "fk_export_jobs_destination": Violation.UNKNOWN_DESTINATION,
+    "fk_schedules_destination": Violation.UNKNOWN_DESTINATION,
     "destinations_tenant_id_fkey": Violation.UNKNOWN_TENANT,
     "operator_access_tenant_id_fkey": Violation.UNKNOWN_TENANT,
     "contacts_tenant_id_fkey": Violation.UNKNOWN_TENANT,
     "uq_export_jobs_one_replacement": Violation.REPLACEMENT_SLOT_TAKEN,
     "uq_attempt_transition": Violation.TRANSITION_RECORDED,
     "pk_cancellation_requests": Violation.REQUEST_ID_TAKEN,
+    "pk_create_requests": Violation.CREATE_REQUEST_TAKEN,
+    "uq_export_jobs_slot": Violation.SLOT_TAKEN,
 }
 
 

@@ -30,6 +30,7 @@ from app.store.types import (
     Ownership,
     RenewResult,
     ReplacementResult,
+    ScheduleSlot,
     Status,
     WriteResult,
 )
@@ -58,13 +59,15 @@ class CreateResult(enum.Enum):
 
 def create(
     conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, destination_id: UUID, delivery_key: str,
-    created_by: str, file_name: str | None = None,
+    created_by: str, file_name: str | None = None, slot: ScheduleSlot | None = None,
 ) -> CreateResult:
     """Creates an original job. ``file_name`` is what its profile rendered (``app.delivery.naming``);
-    without one, the default profile's name."""
+    without one, the default profile's name. ``slot``: a schedule's, whose row the same transaction writes."""
     params = dict(job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
                   delivery_key=delivery_key, created_by=created_by,
-                  file_name=file_name if file_name is not None else final_name(delivery_key))
+                  file_name=file_name if file_name is not None else final_name(delivery_key),
+                  schedule_id=slot.schedule_id if slot else None, schedule_slot=slot.slot if slot else None,
+                  incremental=bool(slot and slot.incremental), incremental_since=slot.since if slot else None)
     try:
         with conn.transaction():
             rows = connector.fetch_all(conn, "export_create", params)
@@ -222,7 +225,7 @@ def try_authorize_delivery(
         job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
         final_name=expected.name, length=expected.size, sha256=expected.sha256, evidence=list(evidence),
         observed_by=observed_by, profile_version=profile_version, marker_name=expected.marker_name,
-        marker=expected.marker))
+        marker=expected.marker, snapshot=expected.snapshot))
     return _transitions("export_authorize_delivery", row, evidence)
 
 

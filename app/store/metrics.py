@@ -43,6 +43,21 @@ def backlog(conn: psycopg.Connection) -> Backlog:
                    max_sweep_count=row["max_sweep_count"])
 
 
+@dataclass(frozen=True)
+class Schedules:
+    active: int
+    #: How long the most overdue active schedule's fire has waited for a scheduler (0 when none is due).
+    overdue_seconds: float
+    #: Slots of incremental schedules waiting for an earlier run to settle.
+    held_slots: int
+
+
+def schedules(conn: psycopg.Connection) -> Schedules:
+    row = connector.fetch_one(conn, "metrics_schedules")
+    assert row is not None   # one row of scalar subqueries, always
+    return Schedules(active=row["active"], overdue_seconds=float(row["overdue_seconds"]), held_slots=row["held_slots"])
+
+
 def live_processes(conn: psycopg.Connection, *, silent_seconds: float) -> dict[str, int]:
     return {r["role"]: r["processes"]
             for r in connector.fetch_all(conn, "metrics_live_processes", dict(silent_seconds=silent_seconds))}

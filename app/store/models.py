@@ -66,6 +66,7 @@ class Contact(peewee.Model):
     phone = peewee.TextField(null=True)
     consent = peewee.BooleanField()
     updated_at = peewee.DateTimeField()
+    consent_withdrawn_at = peewee.DateTimeField(null=True)
 
     class Meta:
         table_name = "contacts"
@@ -113,6 +114,11 @@ class ExportJob(peewee.Model):
     expected_profile_version = peewee.IntegerField(null=True)
     expected_marker_name = peewee.TextField(null=True)
     expected_marker = peewee.BlobField(null=True)
+    schedule_id = peewee.UUIDField(null=True)
+    schedule_slot = peewee.DateTimeField(null=True)   # the slot's local wall-clock time in its schedule's zone
+    incremental = peewee.BooleanField()
+    incremental_since = peewee.TextField(null=True)   # pg_snapshot, read as its text
+    expected_snapshot = peewee.TextField(null=True)   # pg_snapshot, read as its text
 
     class Meta:
         table_name = "export_jobs"
@@ -173,3 +179,53 @@ class OutboxRow(peewee.Model):
     class Meta:
         table_name = "outbox"
 
+
+
+class CreateRequest(peewee.Model):
+    tenant_id = peewee.UUIDField()
+    id = peewee.UUIDField()
+    kind = peewee.TextField()
+    job_id = peewee.UUIDField()
+    requested_by = peewee.TextField()
+    destination_id = peewee.UUIDField(null=True)
+    original_job_id = peewee.UUIDField(null=True)
+    overwrite_agreement_ref = peewee.TextField(null=True)
+    recorded_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "create_requests"
+        primary_key = peewee.CompositeKey("tenant_id", "id")
+
+
+class Schedule(peewee.Model):
+    id = peewee.UUIDField(primary_key=True)
+    tenant_id = peewee.UUIDField()
+    destination_id = peewee.UUIDField()
+    cron = peewee.TextField()
+    time_zone = peewee.TextField()
+    incremental = peewee.BooleanField()
+    state = peewee.TextField()
+    next_fire_at = peewee.DateTimeField(null=True)
+    created_by = peewee.TextField()
+    created_at = peewee.DateTimeField()
+    changed_by = peewee.TextField()
+    changed_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "schedules"
+
+
+class ScheduleRun(peewee.Model):
+    schedule_id = peewee.UUIDField()
+    slot = peewee.DateTimeField()
+    fire_at = peewee.DateTimeField()
+    trigger = peewee.TextField()
+    outcome = peewee.TextField()
+    job_id = peewee.UUIDField(null=True)
+    detail = peewee.TextField(null=True)
+    recorded_at = peewee.DateTimeField()
+    decided_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "schedule_runs"
+        primary_key = peewee.CompositeKey("schedule_id", "slot")

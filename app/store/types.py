@@ -157,6 +157,9 @@ class ExpectedFile:
     #: its name and its whole content (an empty ``.done``, or the manifest), recorded with the file.
     marker_name: str | None = None
     marker: bytes | None = field(default=None, repr=False)
+    #: An incremental export's: the snapshot its build read (pg_snapshot's text), the watermark its
+    #: schedule's next run sends the changes since, once this one is Completed.
+    snapshot: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.sha256) != 32:
@@ -202,3 +205,15 @@ class CancellationResult:
     found_delivery_authorized_at: datetime | None = None
     #: When the answer is a request already recorded (the same click again): when it was recorded.
     replay_of: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleSlot:
+    """What an export a schedule creates records about it: the schedule, the slot (its local wall-clock
+    time in the schedule's zone), and for an incremental schedule the snapshot of its last Completed run
+    (``since``, pg_snapshot's text; None: the first run, a full one)."""
+
+    schedule_id: UUID
+    slot: datetime
+    incremental: bool = False
+    since: str | None = None

@@ -88,6 +88,14 @@ class Job:
     #: Recorded at cutoff 2: the completion marker written after the file, and its content.
     expected_marker_name: str | None
     expected_marker: bytes | None
+    #: A schedule's export: the schedule and the slot (local wall-clock time in the schedule's zone).
+    schedule_id: UUID | None
+    schedule_slot: datetime | None
+    #: Incremental: the changes since this snapshot (None: since nothing, a full first run).
+    incremental: bool
+    incremental_since: str | None
+    #: Recorded at cutoff 2 for an incremental export: the snapshot its build read, the next run's watermark.
+    expected_snapshot: str | None
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,37 @@ class JobSummary:
     attempt_count: int
     created_by: str
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class Schedule:
+    id: UUID
+    tenant_id: UUID
+    destination_id: UUID
+    cron: str
+    time_zone: str
+    incremental: bool
+    state: str
+    next_fire_at: datetime | None
+    created_by: str
+    created_at: datetime
+    changed_by: str
+    changed_at: datetime
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """A decided slot, with its export's status now (None: no export)."""
+
+    slot: datetime
+    fire_at: datetime
+    trigger: str
+    outcome: str
+    job_id: UUID | None
+    detail: str | None
+    decided_at: datetime
+    status: str | None
+    failure_reason: str | None
 
 
 #: What a read raises when the database went away under it (restarted, or its session terminated):
@@ -263,3 +302,25 @@ class Views:
         if tenant_id is not None:
             query = query.where(J.tenant_id == tenant_id)
         return {row["status"]: row["n"] for row in query.group_by(J.status).dicts().bind(self._db)}
+
+    def schedule(self, tenant_id: UUID, schedule_id: UUID) -> Schedule | None:
+        """This tenant's schedule; another tenant's answers None, like a missing one."""
+        S = models.Schedule
+        return self._one(Schedule, _select(S, Schedule).where((S.tenant_id == tenant_id) & (S.id == schedule_id)))
+
+    def schedules(self, *, tenant_id: UUID | None = None, limit: int) -> list[Schedule]:
+        S = models.Schedule
+        query = _select(S, Schedule)
+        if tenant_id is not None:
+            query = query.where(S.tenant_id == tenant_id)
+        return self._all(Schedule, query.order_by(S.created_at.desc(), S.id).limit(limit))
+
+    def schedule_runs(self, schedule_id: UUID, *, limit: int) -> list[ScheduleRun]:
+        """A schedule's decided slots, newest first, with what became of each one's export."""
+        R, J = models.ScheduleRun, models.ExportJob
+        query = (R.select(R.slot, R.fire_at, R.trigger, R.outcome, R.job_id, R.detail, R.decided_at, J.status,
+                          J.failure_reason)
+                 .join(J, peewee.JOIN.LEFT_OUTER, on=(J.id == R.job_id))
+                 .where(R.schedule_id == schedule_id)
+                 .order_by(R.slot.desc()).limit(limit))
+        return self._all(ScheduleRun, query)

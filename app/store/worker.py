@@ -52,6 +52,9 @@ class JobView:
     #: The destination's current delivery profile and its version (None when the destination is not found).
     profile: dict[str, Any] | None = field(default=None, compare=False)
     profile_version: int | None = None
+    #: An incremental export sends the contacts changed since this snapshot (None: its schedule's first run).
+    incremental: bool = False
+    incremental_since: str | None = None
 
 
 def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
@@ -75,7 +78,8 @@ def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
                    destination=destination,
                    circuit=Circuit.from_row(row["circuit_state"], row["circuit_failures"], row["circuit_last_error"],
                                             row["circuit_probe_in_seconds"], row["circuit_probe_held"]),
-                   original_expected=original, profile=row["profile"], profile_version=row["profile_version"])
+                   original_expected=original, profile=row["profile"], profile_version=row["profile_version"],
+                   incremental=row["incremental"], incremental_since=row["incremental_since"])
 
 
 def confirm_stops(conn: psycopg.Connection, watched: dict[UUID, UUID]) -> list[UUID]:
@@ -85,6 +89,8 @@ def confirm_stops(conn: psycopg.Connection, watched: dict[UUID, UUID]) -> list[U
     return [r["id"] for r in rows]
 
 
+#: An incremental export's last column, and what it says of each contact.
+CHANGE_COLUMN, UPSERT, DELETE = "_change", "upsert", "delete"
 #: The contact fields a copy may name (the only identifiers it composes from outside).
 CONTACT_COLUMNS = ("email", "full_name", "company", "phone")
 #: Cells OWASP's CSV-injection guidance says a spreadsheet may evaluate: prefixed with a quote, they are text.
@@ -104,16 +110,22 @@ class ContactsCopy:
     delimiter: str = ","
     quote_all: bool = False
     neutralize_formulas: bool = False
+    #: An incremental export's last column (key ``_change``): ``upsert``, or ``delete`` for withdrawn consent.
+    change_column: bool = False
 
     def parts(self, limit: int | None = None) -> dict[str, sql.Composable]:
         """What ``worker_copy_consenting_contacts`` leaves open, composed: columns, options, limit."""
         values = [self._value(source) for source in self.columns]
+        if self.change_column:
+            values.append(sql.SQL("CASE WHEN consent THEN {} ELSE {} END").format(sql.Literal(UPSERT),
+                                                                                 sql.Literal(DELETE)))
         limited = sql.SQL("") if limit is None else sql.SQL("LIMIT {}").format(sql.Literal(int(limit)))
         if self.json_keys is not None:
             # json (not jsonb) keeps the columns' order, and null stays null. Written as CSV with a quote and
             # a delimiter JSON never holds, no line is ever quoted: each is the object's text as it is.
+            keys = (*self.json_keys, CHANGE_COLUMN) if self.change_column else self.json_keys
             columns = sql.SQL("json_object(ARRAY[{}]::text[], ARRAY[{}]::text[])::text").format(
-                sql.SQL(", ").join(sql.Literal(key) for key in self.json_keys), sql.SQL(", ").join(values))
+                sql.SQL(", ").join(sql.Literal(key) for key in keys), sql.SQL(", ").join(values))
             options = sql.SQL("FORMAT csv, QUOTE {}, DELIMITER {}, ENCODING 'UTF8'").format(
                 sql.Literal(_JSON_QUOTE), sql.Literal(_JSON_DELIMITER))
             return {"columns": columns, "options": options, "limit": limited}
@@ -145,6 +157,25 @@ def consenting_contacts(conn: psycopg.Connection, tenant_id: UUID, shape: Contac
     with connector.copy(conn, "worker_copy_consenting_contacts", dict(tenant_id=tenant_id),
                         parts=shape.parts(limit)):
         yield _copy_out_blocks(conn, block_bytes)
+
+
+@contextmanager
+def changed_contacts(conn: psycopg.Connection, tenant_id: UUID, since: str | None, shape: ContactsCopy,
+                     block_bytes: int, limit: int | None = None) -> Iterator[Iterator[tuple[bytearray, int]]]:
+    """An incremental export's rows (``worker_copy_changed_contacts``), in blocks as ``consenting_contacts``
+    gives them; run inside the transaction ``begin_snapshot`` opened."""
+    with connector.copy(conn, "worker_copy_changed_contacts", dict(tenant_id=tenant_id, since=since),
+                        parts=shape.parts(limit)):
+        yield _copy_out_blocks(conn, block_bytes)
+
+
+def begin_snapshot(conn: psycopg.Connection) -> str:
+    """Makes the open transaction REPEATABLE READ and read-only, and answers its snapshot (pg_snapshot's
+    text): what every later statement of the transaction reads."""
+    connector.execute(conn, "worker_begin_snapshot")
+    row = connector.fetch_one(conn, "worker_read_snapshot")
+    assert row is not None
+    return str(row["snapshot"])
 
 
 def _copy_out_blocks(conn: psycopg.Connection, block_bytes: int) -> Iterator[tuple[bytearray, int]]:

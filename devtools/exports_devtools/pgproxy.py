@@ -13,7 +13,10 @@ loses its answer:
   and the connection is closed.
 - ``cut_before(name)``: the next run of the named statement is never forwarded; the connection is
   closed, so the server never saw it.
-- Both take ``then_refuse=True`` (at the cut, close every proxied connection and refuse new ones: "the
+- ``cut_at_commit(name, after_reply=True)``: the next transaction that runs the named statement loses its
+  COMMIT: with ``after_reply`` the server commits and the reply is dropped (a lost commit reply); without,
+  the COMMIT never reaches the server, which rolls the transaction back when the connection closes.
+- All three take ``then_refuse=True`` (at the cut, close every proxied connection and refuse new ones: "the
   re-read fails too") and ``on_cut=callable`` (run on the proxy's thread at the cut, before the client
   sees anything: "recovery commits before the worker's re-read"). Each rule fires once.
 - ``refuse_connections()`` / ``accept_connections()`` / ``drop_all()`` do the same by hand.
@@ -70,6 +73,8 @@ class Cut:
     on_cut: Callable[[], None] | None
     fired: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    #: Cut the COMMIT of the transaction that runs the statement, rather than the statement itself.
+    at_commit: bool = False
 
     def wait(self, timeout: float = 10.0) -> None:
         if not self.fired.wait(timeout):
@@ -142,6 +147,8 @@ class _Protocol(Framing):
         self.prepared: dict[bytes, bytes] = {}
         #: The statement just parsed: its Bind follows at once and must not match it a second time.
         self.just_parsed: bytes | None = None
+        #: A cut_at_commit rule whose statement this connection ran: it fires at the next COMMIT.
+        self.commit_rule: Cut | None = None
 
     def read_from_client(self, sock: socket.socket) -> bytes:
         if self.started:
@@ -160,7 +167,14 @@ class _Protocol(Framing):
             self.started = True   # the startup message: untyped, never a statement
             return True
         text = self._statement_text(message)
-        rule = self.proxy._match(text) if text else None
+        rule: Rule | None
+        if self.commit_rule is not None and text is not None and text.rstrip(b"\0").strip().upper() == b"COMMIT":
+            rule, self.commit_rule = self.commit_rule, None
+        else:
+            rule = self.proxy._match(text) if text else None
+            if isinstance(rule, Cut) and rule.at_commit:
+                self.commit_rule = rule   # the statement itself goes through
+                return True
         if rule is None:
             return True
         if rule.after_reply:
@@ -250,6 +264,10 @@ class PgProxy(TcpProxy):
     def cut_before(self, statement: str, *, then_refuse: bool = False,
                    on_cut: Callable[[], None] | None = None) -> Cut:
         return self._arm(Cut(_marker(statement), False, then_refuse, on_cut))
+
+    def cut_at_commit(self, statement: str, *, after_reply: bool = True, then_refuse: bool = False,
+                      on_cut: Callable[[], None] | None = None) -> Cut:
+        return self._arm(Cut(_marker(statement), after_reply, then_refuse, on_cut, at_commit=True))
 
     def hold_statement(self, statement: str, *, after_reply: bool = False) -> Hold:
         hold = Hold(_marker(statement), after_reply)

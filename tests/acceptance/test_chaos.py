@@ -51,4 +51,5 @@ def test_a_short_soak_with_every_fault_kind_keeps_every_promise(tmp_path: Path):
         f"{report['faults']}\n{failures}"
     assert report["faults"]["injector_errors_by_kind"] == {}, failures
     assert report["exports"]["total"] >= 60
+    assert report["schedule_slots"].get("Created", 0) >= 20   # the schedules fired under the faults too
     assert sum(report["exports"]["by_final_state"].get(s, 0) for s in ("Queued", "Running", "Delivering")) == 0

@@ -22,7 +22,7 @@ from exports_devtools.processes import clean_environ
 from tests.fixtures.processes import CliResult, ExportsCli
 
 TABLES = ("tenants", "destinations", "contacts", "operator_access", "export_jobs", "deliveries",
-          "export_attempt_events", "cancellation_requests", "outbox")
+          "export_attempt_events", "cancellation_requests", "outbox", "create_requests", "schedules", "schedule_runs")
 
 
 def snapshot(admin: psycopg.Connection) -> dict[str, list]:
@@ -77,6 +77,8 @@ def _leaves(parser, prefix=()):
 #: The commands that print no document, and so offer no --json: the long-running processes, and the
 #: preview, which prints the partner's file itself.
 PROCESSES = {("relay",), ("scheduler",), ("worker",), ("demo",), ("preview",)}
+#: The commands whose submissions carry a request id, so a busy answer can be retried safely.
+REQUEST_ID_TAKERS = {("cancel",), ("create",), ("replace",)}
 
 
 def test_every_command_has_help_that_lists_its_exit_codes_and_json_where_it_prints_a_document():
@@ -85,8 +87,8 @@ def test_every_command_has_help_that_lists_its_exit_codes_and_json_where_it_prin
     for path, parser in leaves.items():
         text = parser.format_help()
         assert "exit codes:" in text and f"  {EXIT_OK}   done" in text, path
-        # Only cancel can answer busy, and only it takes the --request-id a retry needs.
-        assert ("busy" in text) is ("--request-id" in text) is (path == ("cancel",)), path
+        # Only cancel, create and replace can answer busy, and only they take the --request-id a retry needs.
+        assert ("busy" in text) is ("--request-id" in text) is (path in REQUEST_ID_TAKERS), path
         assert ("--json" in text) is (path not in PROCESSES), path
 
 

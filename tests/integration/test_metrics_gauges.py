@@ -43,3 +43,26 @@ def test_a_scrape_without_the_database_says_so_instead_of_failing():
         assert _scrape(unreachable) == {"exports_database_up": 0.0}
     finally:
         unreachable.close()
+
+
+def test_a_scrape_counts_active_schedules_the_most_overdue_fire_and_held_slots(app_db, seed, conn, admin):
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from app.store import schedule
+    from app.store.schedule import Decided, RunOutcome, RunTrigger
+
+    tenant_id = seed.tenant()
+    overdue, paused = uuid.uuid4(), uuid.uuid4()
+    for schedule_id, fire in ((overdue, datetime.now(UTC) - timedelta(minutes=10)),
+                              (paused, datetime.now(UTC) - timedelta(hours=5))):
+        schedule.add(conn, schedule_id=schedule_id, tenant_id=tenant_id, destination_id=seed.destination(tenant_id),
+                     cron="* * * * *", time_zone="UTC", incremental=True, next_fire_at=fire, changed_by="op-1")
+    schedule.pause(conn, tenant_id=tenant_id, schedule_id=paused, changed_by="op-1")
+    schedule.record_runs(conn, schedule_id=overdue, trigger=RunTrigger.CRON, decided=[
+        Decided(datetime(2025, 6, 1), datetime(2025, 6, 1, tzinfo=UTC), RunOutcome.HELD, detail="waiting")])
+
+    samples = _scrape(app_db)
+
+    assert samples["exports_schedules_active"] == 1 and samples["exports_schedule_held_slots"] == 1
+    assert 600 <= samples["exports_schedule_overdue_seconds"] < 1200   # the paused one's older fire is not counted

@@ -5,14 +5,17 @@
 
 -- name: export_create
 -- An original job, its deliveries row (the key's owner, with the file name it delivers under) and its
--- first wake-up, together or not at all.
+-- first wake-up, together or not at all. A schedule's export names its schedule and slot (the slot's row
+-- is written in the same transaction) and, if incremental, the snapshot it sends the changes since.
 WITH delivery AS (
     INSERT INTO deliveries (tenant_id, delivery_key, original_job_id, file_name)
     VALUES (%(tenant_id)s, %(delivery_key)s, %(job_id)s, %(file_name)s)),
 created AS (
-    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at)
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at,
+                             schedule_id, schedule_slot, incremental, incremental_since)
     VALUES (%(job_id)s, %(tenant_id)s, 'Queued', 1, %(destination_id)s, %(delivery_key)s, %(created_by)s,
-            clock_timestamp())
+            clock_timestamp(), %(schedule_id)s, %(schedule_slot)s, %(incremental)s,
+            %(incremental_since)s::pg_snapshot)
     RETURNING id)
 INSERT INTO outbox (message_id, kind, job_id, created_at)
 SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created
@@ -21,8 +24,11 @@ RETURNING job_id;
 -- name: export_create_replacement
 -- A replacement of an original that is OutcomeUnknown or Failed for a reason proving nothing was
 -- finalized. FOR UPDATE waits for a concurrent correction of the original, then re-checks its status.
+-- A scheduled original's schedule, slot and incremental terms are carried on: the replacement delivers
+-- the same changes, from a snapshot of its own.
 WITH original AS (
-    SELECT id, tenant_id, destination_id, delivery_key
+    SELECT id, tenant_id, destination_id, delivery_key, schedule_id, schedule_slot, incremental,
+           incremental_since
     FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s AND replaces_job_id IS NULL
       AND (status = 'OutcomeUnknown'
@@ -30,9 +36,11 @@ WITH original AS (
     FOR UPDATE),
 created AS (
     INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id,
-                             created_by, replacement_reason, overwrite_agreement_ref, woken_at)
+                             created_by, replacement_reason, overwrite_agreement_ref, woken_at,
+                             schedule_id, schedule_slot, incremental, incremental_since)
     SELECT %(job_id)s, tenant_id, 'Queued', 1, destination_id, delivery_key, id,
-           %(created_by)s, %(replacement_reason)s, %(overwrite_agreement_ref)s, clock_timestamp()
+           %(created_by)s, %(replacement_reason)s, %(overwrite_agreement_ref)s, clock_timestamp(),
+           schedule_id, schedule_slot, incremental, incremental_since
     FROM original
     RETURNING id)
 INSERT INTO outbox (message_id, kind, job_id, created_at)
@@ -83,7 +91,7 @@ RETURNING id;
 -- same statement, whoever owns the job and whether or not it is authorized: evidence never depends on
 -- the transition, but a Delivering attempt always has its baseline, and one round trip and one commit
 -- carry both. One INSERT, ordered, so the evidence's ids come before DeliveryAuthorized's, as they
--- would have had it been appended first.
+-- would have had it been appended first. An incremental export also records the snapshot its build read.
 WITH original_open AS (
     SELECT 1 FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid AND status <> 'Completed'
@@ -93,7 +101,8 @@ authorized AS (
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
         expected_profile_version = %(profile_version)s, expected_marker_name = %(marker_name)s,
-        expected_marker = %(marker)s, delivery_authorized_at = clock_timestamp()
+        expected_marker = %(marker)s, expected_snapshot = %(snapshot)s::pg_snapshot,
+        delivery_authorized_at = clock_timestamp()
     WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL
       AND lease_expires_at > clock_timestamp()

@@ -33,3 +33,12 @@ SELECT role, count(*) AS processes
 FROM process_heartbeats
 WHERE stopped_at IS NULL AND beat_at > (SELECT clock_timestamp() - make_interval(secs => %(silent_seconds)s))
 GROUP BY role;
+
+-- name: metrics_schedules
+-- Active schedules, how long the most overdue one's fire has waited for a scheduler (0 when none: every
+-- scheduler down shows here), and slots of incremental schedules held for a run that is not settled.
+SELECT
+    (SELECT count(*) FROM schedules WHERE state = 'Active') AS active,
+    (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_fire_at)), 0) FROM schedules
+     WHERE state = 'Active' AND next_fire_at <= (SELECT clock_timestamp())) AS overdue_seconds,
+    (SELECT count(*) FROM schedule_runs WHERE outcome = 'Held') AS held_slots;

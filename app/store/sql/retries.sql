@@ -7,7 +7,9 @@
 -- is the newest job of its delivery key; the key's original is Failed (NotDelivered) too, so an original
 -- whose outcome is unknown is never retried; the key has fewer retry-policy jobs than its destination's
 -- auto_retries (0: off); its failure is recent (the window) and older than the backoff for the next retry
--- (backoff * 2^retries so far). Oldest failure first.
+-- (backoff * 2^retries so far). Oldest failure first. Never an incremental export: its schedule's next run
+-- sends its changes again (the watermark did not move), and a retry beside that run could deliver older
+-- contact states after newer ones.
 SELECT j.id, j.tenant_id, j.attempt_id, j.delivery_key, j.overwrite_agreement_ref, d.original_job_id,
        e.detail, r.retries, dest.auto_retries
 FROM export_jobs j
@@ -18,7 +20,7 @@ JOIN destinations dest ON dest.tenant_id = j.tenant_id AND dest.id = j.destinati
 CROSS JOIN LATERAL (
     SELECT count(*) AS retries FROM export_jobs x
     WHERE x.tenant_id = j.tenant_id AND x.delivery_key = j.delivery_key AND x.created_by = %(created_by)s) r
-WHERE j.status = 'Failed' AND j.failure_reason = 'NotDelivered'
+WHERE j.status = 'Failed' AND j.failure_reason = 'NotDelivered' AND NOT j.incremental
   AND j.created_at > (SELECT clock_timestamp() - make_interval(secs => %(window_seconds)s))
   AND e.detail LIKE 'Failed NotDelivered (transient)%%'
   AND o.status = 'Failed' AND o.failure_reason = 'NotDelivered'

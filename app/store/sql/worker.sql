@@ -8,9 +8,10 @@
 -- replacement its original as cutoff 2 recorded it, what a file under the shared final name must match to
 -- be identified as the original's delivery (final: the original ended before the replacement was made);
 -- the file name the key delivers under, and the destination's current delivery profile, which the
--- attempt builds with from its first byte to its last, whatever edit commits meanwhile.
+-- attempt builds with from its first byte to its last, whatever edit commits meanwhile; and, for an
+-- incremental export, the snapshot it sends the changes since.
 SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.delivery_key, j.replaces_job_id,
-       k.file_name, p.version AS profile_version, p.profile,
+       j.incremental, j.incremental_since::text AS incremental_since, k.file_name, p.version AS profile_version, p.profile,
        j.overwrite_agreement_ref, j.deferrals,
        extract(epoch FROM clock_timestamp() - j.deferred_since) AS deferred_for_seconds, j.last_deferral,
        d.id AS destination_found, d.host, d.port, d.username, d.remote_dir, d.host_key, d.credential_ref,
@@ -44,4 +45,29 @@ WHERE j.status = 'Running' AND j.stop_request_id IS NOT NULL;
 -- COPY takes no server-side parameters, so psycopg binds the tenant id client-side as a quoted literal.
 COPY (SELECT {columns} FROM contacts
       WHERE tenant_id = %(tenant_id)s AND consent ORDER BY id {limit})
+TO STDOUT WITH ({options});
+
+-- name: worker_begin_snapshot
+-- An incremental build reads in one REPEATABLE READ transaction: the snapshot it records for cutoff 2 is
+-- the one its COPY reads.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: worker_read_snapshot
+-- The transaction's snapshot (in REPEATABLE READ, the active snapshot is the transaction's), taken by this
+-- first query: the next run sends what it could not see.
+SELECT pg_current_snapshot()::text AS snapshot;
+
+-- name: worker_copy_changed_contacts
+-- An incremental export's rows: the tenant's contacts last written by a transaction the last Completed
+-- run's snapshot could not see (%(since)s; NULL: every contact, the first run), consenting ones, and
+-- those whose consent was withdrawn, marked for deletion (ContactsCopy adds the _change column): never a
+-- contact that never consented. changed_xid at or above the snapshot's xmin is implied, and lets the
+-- index narrow the scan. Run in the transaction worker_begin_snapshot opened.
+COPY (SELECT {columns} FROM contacts
+      WHERE tenant_id = %(tenant_id)s
+        AND (consent OR (%(since)s::pg_snapshot IS NOT NULL AND consent_withdrawn_at IS NOT NULL))
+        AND (%(since)s::pg_snapshot IS NULL
+             OR (changed_xid >= pg_snapshot_xmin(%(since)s::pg_snapshot)
+                 AND NOT pg_visible_in_snapshot(changed_xid, %(since)s::pg_snapshot)))
+      ORDER BY id {limit})
 TO STDOUT WITH ({options});

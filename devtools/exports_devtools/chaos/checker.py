@@ -41,6 +41,8 @@ The rules, as ``docs/protocol.md`` states the promises:
 - ``orphan-local-file``: a file left in a worker's local directory after the scavenger ran.
 - ``outbox-not-drained``: an unpublished outbox row that is already due (rows due later are a
   deferral's wake-up, waiting for its time).
+- ``slot-not-once``: a schedule's slot recorded without its one export, an export of a schedule that is
+  not its slot's, two exports of one slot, or a cron slot never decided (``exports_devtools.chaos.slots``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from exports_devtools.chaos.history import as_history, job_history
 from exports_devtools.chaos.partner import Partner
 from exports_devtools.chaos.record import Ledger, Violation
 from exports_devtools.chaos.replay import TRANSITIONS, replay_problems, status_word
+from exports_devtools.chaos.slots import slot_violations
 from exports_devtools.store import chaos as store
 
 # Re-exported: the soak (run.py) and the checker's tests import them from here.
@@ -69,7 +72,7 @@ Row = dict[str, Any]
 
 RULES = ("two-final-files", "file-after-cancel", "unaccounted-final-file", "completed-file-mismatch",
          "unsettled-at-end", "event-mismatch", "resolved-without-evidence", "double-click-differs",
-         "orphan-local-file", "outbox-not-drained")
+         "orphan-local-file", "outbox-not-drained", "slot-not-once")
 
 _LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.DELIVERING})
 _ENDED_BY_OPERATOR = frozenset({Status.CANCELED, Status.STOPPED, Status.REJECTED})
@@ -311,4 +314,4 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     judge.evidence()
     judge.double_clicks()
     judge.local_files()
-    return judge.violations()
+    return judge.violations() + slot_violations(store.read_slots(conn))

@@ -104,7 +104,7 @@ class Soak:
         say(f"chaos: seed {options.seed}, {options.minutes:g} min at {options.rate:g} exports/s, "
             f"{options.faults_per_minute:g} faults/min over {len(options.kinds)} kinds")
         with ChaosSystem(self.settings, database_url=options.database_url, broker_url=options.broker_url,
-                         partner_files=options.partner_files, say=say) as system:
+                         partner_files=options.partner_files, schedules=True, say=say) as system:
             say(f"  system up: database {system.database}, logs in {system.log_dir}")
             violations = self._soak(system)
             if self.workload_errors:
@@ -162,6 +162,7 @@ class Soak:
         self.unanswered.update(workload.unanswered)
         say("  faults and workload stopped; settling")
         system.ensure_running()
+        system.pause_schedules()
         settled = self._settle(system)
         watch_stop.set()
         watcher.join(60)
@@ -263,6 +264,7 @@ class Soak:
         options = self.options
         with connect_owner(system.owner_url) as conn:
             by_state = chaos.final_states(conn)
+            slots = chaos.read_slots(conn)
         injected = self.injected()
         return {
             "command": command_line(options),
@@ -281,6 +283,7 @@ class Soak:
                          "replacements": self.ledger.replacements,
                          "reconciliations": len(self.ledger.reconciliations),
                          "unanswered": dict(self.unanswered), "errors": dict(self.workload_errors)},
+            "schedule_slots": dict(Counter(r["outcome"] for r in slots.runs)),
             "violations": [v.as_json() for v in violations],
             "ok": not violations,
         }
@@ -320,6 +323,8 @@ def summary(report: dict[str, Any]) -> Sequence[str]:
              + ", ".join(f"{k} {v}" for k, v in sorted(report["exports"]["by_final_state"].items())),
              f"{report['faults']['total']} faults: "
              + ", ".join(f"{k} {v}" for k, v in sorted(report["faults"]["by_kind"].items()))]
+    if report.get("schedule_slots"):
+        lines.append("schedule slots: " + ", ".join(f"{k} {v}" for k, v in sorted(report["schedule_slots"].items())))
     if report["violations"]:
         lines.append(f"{len(report['violations'])} VIOLATIONS:")
         lines += [f"  {v['rule']} {v['job_id']}: {v['detail']}" for v in report["violations"]]

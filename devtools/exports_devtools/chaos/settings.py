@@ -25,6 +25,10 @@ CHAOS_SETTINGS: dict[str, str] = {
     "EXPORTS_RETRY_BACKOFF_SECONDS": "1",
     "EXPORTS_RETRY_INTERVAL": "2",
     "EXPORTS_SESSION_IDLE_SECONDS": "5",
+    # Schedules fire every few seconds (SCHEDULES); a slot a killed or cut-off scheduler left is decided by
+    # the next pass, and one older than the grace is recorded Missed.
+    "EXPORTS_SCHEDULE_INTERVAL": "0.5",
+    "EXPORTS_SCHEDULE_GRACE_SECONDS": "20",
     "EXPORTS_HEARTBEAT_SECONDS": "2",
     "EXPORTS_RELAY_METRICS": "off",
     "EXPORTS_SCHEDULER_METRICS": "off",
@@ -43,7 +47,12 @@ PROCESSES: dict[str, tuple[tuple[str, ...], int]] = {
     # A third worker: the kills and stops at chosen points take one down every few seconds.
     "worker-3": (("worker", "--processes", "1", "--threads", "2"), signal.SIGTERM),
     "scheduler": (("scheduler",), signal.SIGTERM),
+    # A second scheduler: the two race for every schedule slot (and every takeover), as two hosts' would.
+    "scheduler-2": (("scheduler",), signal.SIGTERM),
 }
+#: The soak's schedules (with ``schedules=True``), on its first destination: (cron with seconds first,
+#: incremental). Every few seconds each, so a soak decides hundreds of slots under its faults.
+SCHEDULES = (("*/3 * * * * *", False), ("*/5 * * * * *", True))
 #: The application_name of every pool a worker process opens (app/actors): its sessions, for pg-terminate.
 WORKER_APPLICATION_NAMES = ("exports-worker", "exports-slots", "exports-builder", "exports-lease", "exports-watcher")
 #: Seconds one setup command may take; seconds a service gets to start.

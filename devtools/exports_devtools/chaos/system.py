@@ -14,7 +14,9 @@
   place under a final name (``partner_journal()``, ``partner_renames()``).
 - A tenant with contacts, an operator allowed to reconcile, one destination (and optionally a second,
   in another directory, for edits), made through the real ``exports`` commands.
-- The relay, two workers and the scheduler, as ``exports`` subprocesses (``ProcessGroup``), logs under
+- With ``schedules``, the schedules of ``SCHEDULES`` (firing every few seconds; ``pause_schedules()`` stops
+  them before the soak settles).
+- The relay, three workers and two schedulers, as ``exports`` subprocesses (``ProcessGroup``), logs under
   the state directory, on the short clocks of ``CHAOS_SETTINGS``.
 
 The services (database, broker, partner) are started and restarted by ``SoakServices``
@@ -34,6 +36,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +55,7 @@ from exports_devtools.chaos.settings import (
     OPERATOR,
     PARTNER_USER,
     PROCESSES,
+    SCHEDULES,
     START_TIMEOUT,
     TENANT,
     WORKER_APPLICATION_NAMES,
@@ -78,7 +82,8 @@ class ChaosSystem(SoakServices):
     def __init__(self, state_dir: Path | Settings, *, database_url: str | None = None, broker_url: str | None = None,
                  contacts: int = CONTACTS, second_destination: bool = True,
                  settings: Mapping[str, str] = CHAOS_SETTINGS, drop_database: bool = False,
-                 partner_files: bool = False, say: Callable[[str], None] = lambda _text: None) -> None:
+                 partner_files: bool = False, schedules: bool = False,
+                 say: Callable[[str], None] = lambda _text: None) -> None:
         self.state_dir = (state_dir.state_dir if isinstance(state_dir, Settings) else Path(state_dir)).resolve()
         self.configured_database = database_url
         self.configured_broker = broker_url
@@ -88,6 +93,8 @@ class ChaosSystem(SoakServices):
         #: manifest after each file.
         self.encrypted_with_manifest = partner_files
         self.settings = dict(settings)
+        self.with_schedules = schedules
+        self.schedule_ids: list[UUID] = []
         #: Drop the soak's database at stop(), e.g. in tests; a soak keeps it for a look afterwards.
         self.drop_database = drop_database
         self.say = say
@@ -198,6 +205,26 @@ class ChaosSystem(SoakServices):
             self.remote_dirs[destination_id] = remote_dir
         self.say(f"  tenant {self.tenant!r} ({self.tenant_id}), {self.contacts} contacts, operator {self.operator!r}, "
                  f"{len(self.destination_ids)} destination(s) through the link")
+        for cron, incremental in SCHEDULES if self.with_schedules else ():
+            added = self.cli_json("schedule", "add", "--tenant", self.tenant, "--destination", DESTINATIONS[0][0],
+                                  "--cron", cron, "--timezone", "Europe/Berlin", "--by", self.operator,
+                                  *(("--incremental",) if incremental else ()))
+            self.schedule_ids.append(UUID(added["schedule_id"]))
+        if self.schedule_ids:
+            self.say(f"  schedules {', '.join(c for c, _ in SCHEDULES)} (the second incremental)")
+
+    def pause_schedules(self) -> None:
+        """Stops the schedules firing, so the system can settle; their exports go on. Tried a few times: the
+        database may still be coming back from the soak's last fault."""
+        for schedule_id in self.schedule_ids:
+            for _ in range(10):
+                done = self.cli("schedule", "pause", str(schedule_id), "--tenant", self.tenant, "--by", self.operator,
+                                expect=None)
+                if done.returncode == 0 or "is Paused" in done.stderr:
+                    break
+                time.sleep(1)
+            else:
+                raise SetupFailed(f"schedule {schedule_id} could not be paused: {done.stderr.strip()}")
 
     def _partner_files_profile(self) -> tuple[str, ...]:
         """The profile options of ``partner_files``: a partner keypair made with gpg for this soak (its

@@ -49,6 +49,22 @@ def read_history(conn: psycopg.Connection[Any]) -> History:
     return History(jobs, _by_job(events), _by_job(outbox), _by_job(cancellations), remote_dirs)
 
 
+@dataclass(frozen=True)
+class Slots:
+    """Every schedule, every slot decided, and every export a schedule made, read in one snapshot."""
+
+    schedules: list[Row]
+    runs: list[Row]
+    jobs: list[Row]
+
+
+def read_slots(conn: psycopg.Connection[Any]) -> Slots:
+    with conn.transaction():
+        queries.execute(conn, "chaos_snapshot")
+        return Slots(queries.fetch_all(conn, "chaos_schedules"), queries.fetch_all(conn, "chaos_schedule_runs"),
+                     queries.fetch_all(conn, "chaos_scheduled_jobs"))
+
+
 def job_rows(conn: psycopg.Connection[Any], job_id: UUID) -> tuple[Row | None, list[Row], list[Row], list[Row]]:
     """One job's row (None if missing; with its destination's ``remote_dir``), events, outbox rows and
     cancellation requests, in one snapshot."""

@@ -10,12 +10,14 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from app.store import cancellation, export, recovery, relay
+from app.store import cancellation, export, recovery, relay, schedule
+from app.store.schedule import Decided, RunOutcome, RunTrigger
 from app.store.types import CancellationOutcome, ExpectedFile, FailureCode, Role, Status
 from exports_devtools.chaos.checker import RULES, check, job_history
 from exports_devtools.chaos.record import CancelAnswer, Ledger, Reconciliation, Violation
@@ -476,6 +478,20 @@ def test_an_unpublished_wakeup_already_due_is_an_outbox_not_drained(world):
     world.cancel(job, uuid.uuid4())
 
     assert world.fired() == {("outbox-not-drained", job.id)}
+
+
+def test_a_schedule_whose_cron_slot_was_never_decided_is_named(world):
+    tenant_id = world.seed.tenant()
+    schedule_id = uuid.uuid4()
+    schedule.add(world.conn, schedule_id=schedule_id, tenant_id=tenant_id, cron="*/5 * * * * *", time_zone="UTC",
+                 destination_id=world.seed.destination(tenant_id), incremental=False, next_fire_at=None,
+                 changed_by="op-1")
+    # Slots at :00 and :10 were decided; the one at :05 between them never was.
+    schedule.record_runs(world.conn, schedule_id=schedule_id, trigger=RunTrigger.CRON, decided=[
+        Decided(datetime(2025, 6, 1, 0, 0, second), datetime(2025, 6, 1, 0, 0, second, tzinfo=UTC),
+                RunOutcome.MISSED, detail="forged") for second in (0, 10)])
+
+    assert world.fired() == {("slot-not-once", None)}
 
 
 def test_every_rule_has_a_test_that_fires_it():

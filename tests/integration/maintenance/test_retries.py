@@ -107,3 +107,11 @@ def test_nothing_but_a_transient_non_delivery_after_cutoff_2_is_retried(seed, ap
 
     assert Retries(app_db, DUE).run_once() == RetryCounts()
     assert _jobs_of(admin, job) == before
+
+
+def test_an_incremental_export_is_never_retried_automatically(seed, app_db, admin):
+    original = _not_delivered(seed)
+    admin.execute("UPDATE export_jobs SET incremental = true WHERE id = %s", (original.id,))   # as a schedule makes it
+
+    assert Retries(app_db, DUE).run_once() == RetryCounts()
+    assert len(_jobs_of(admin, original)) == 1

@@ -671,13 +671,14 @@ def test_the_scheduler_runs_each_service_at_most_once_at_a_time_with_missed_runs
     jobs_ = {job.id: job for job in scheduler.get_jobs()}
 
     # The scavenger runs on the worker hosts, beside the files it deletes (app/worker.py).
-    assert set(jobs_) == {"recovery", "reconciliation", "sweeper", "retries", "heartbeats"}
+    assert set(jobs_) == {"recovery", "reconciliation", "sweeper", "retries", "heartbeats", "schedules"}
     assert all(job.max_instances == 1 and job.coalesce for job in jobs_.values())
     assert jobs_["recovery"].trigger.interval.total_seconds() == 10.0
     assert jobs_["reconciliation"].trigger.interval.total_seconds() == 10.0
     assert jobs_["sweeper"].trigger.interval.total_seconds() == 60.0
     assert jobs_["retries"].trigger.interval.total_seconds() == 30.0
     assert jobs_["heartbeats"].trigger.interval.total_seconds() == 3600.0
+    assert jobs_["schedules"].trigger.interval.total_seconds() == 5.0
 
 
 def test_a_long_reconciliation_pass_does_not_hold_up_the_takeover_of_an_expired_lease(app_db, seed, tmp_path,

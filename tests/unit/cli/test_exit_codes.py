@@ -180,12 +180,13 @@ def test_a_command_without_a_request_id_never_mentions_one(path):
     assert (EXIT_BUSY in parser.exits) is takes_one   # only a request id makes a busy answer safe to retry
 
 
-def test_only_cancel_takes_a_request_id_today_so_only_its_help_says_retry():
+def test_only_cancel_create_and_replace_take_a_request_id_so_only_their_help_says_retry():
     takers = {path for path, parser in LEAVES.items()
               if any("--request-id" in action.option_strings for action in parser._actions)}
 
-    assert takers == {("cancel",)}
-    assert "retry with the same --request-id" in _listed(LEAVES[("cancel",)])[EXIT_BUSY]
+    assert takers == {("cancel",), ("create",), ("replace",)}
+    for taker in takers:
+        assert "retry with the same --request-id" in _listed(LEAVES[taker])[EXIT_BUSY]
 
 
 @pytest.mark.parametrize("path", LEAVES, ids=" ".join)

@@ -118,3 +118,16 @@ SELECT CASE WHEN status = 'Failed' THEN status || '/' || failure_reason ELSE sta
 FROM export_jobs
 GROUP BY 1
 ORDER BY 1;
+
+-- name: chaos_schedules
+-- Every schedule, for the checker's one-export-per-slot rule.
+SELECT id, cron, time_zone, state, incremental FROM schedules ORDER BY created_at;
+
+-- name: chaos_schedule_runs
+-- Every decided slot, each schedule's in order.
+SELECT schedule_id, slot, fire_at, trigger, outcome, job_id FROM schedule_runs ORDER BY schedule_id, slot;
+
+-- name: chaos_scheduled_jobs
+-- Every export a schedule made (replacements carry their original's slot).
+SELECT id, schedule_id, schedule_slot, replaces_job_id, status FROM export_jobs
+WHERE schedule_id IS NOT NULL ORDER BY created_at;
