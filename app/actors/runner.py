@@ -136,6 +136,12 @@ class ExportRunner:
             active = list(self._active)
         return sum(1 for stop in active if stop.set(StopReason.SHUTDOWN))
 
+    def in_flight(self) -> int:
+        """How many attempts this runner holds: claimed, their last write not yet made. Without the lock:
+        a signal handler asks, on the main thread, which may hold the lock in ``shutdown`` when the
+        signal interrupts it (``len`` of a set is one step under the GIL)."""
+        return len(self._active)
+
     def run(self, job_id: UUID) -> RunResult:
         # Bound for this thread until the run returns: every line about the job, whichever module
         # writes it (the store, the delivery), carries its id.

@@ -3,10 +3,11 @@
 Each logs in the one format (EXPORTS_LOG_FORMAT), resolves the database once through the command's
 context (starting the embedded PostgreSQL when EXPORTS_DATABASE_URL is unset, and logging that it did
 and where) and passes it down, serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
-SIGTERM: the relay and the scheduler finish the pass or run in progress; a worker stops taking
-messages, stops attempts still building (recovery requeues them) and lets uploads finish, for up to
-30 s (dramatiq's --worker-shutdown-timeout) before abandoning them to recovery. A second SIGTERM
-to a worker kills it at once.
+SIGTERM, once or repeatedly: the relay and the scheduler finish the pass or run in progress; a worker
+stops taking messages, stops attempts still building (recovery requeues them) and lets uploads finish,
+for up to EXPORTS_WORKER_STOP_SECONDS (dramatiq's --worker-shutdown-timeout) before abandoning them to
+recovery, whether the signal reaches its main process, its worker processes or the whole group, and
+ends within DEADLINE_GRACE_SECONDS after that (app/actors/draining.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ log = logs.get(__name__)
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
 DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
 DEFAULT_THREADS = 4
-#: Milliseconds dramatiq waits for running exports at shutdown before abandoning them to recovery.
-WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -102,6 +101,8 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
     os.environ["dramatiq_worker_timeout"] = str(ctx.settings.worker_idle_poll_ms)
     import dramatiq.cli
 
+    from app.actors.draining import DEADLINE_GRACE_SECONDS
+
     os.environ["EXPORTS_DATABASE_URL"] = ctx.database_url()
     if ctx.settings.broker_url is None:
         from app import embedded
@@ -115,8 +116,10 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
         os.environ["dramatiq_prom_host"], os.environ["dramatiq_prom_port"] = address[0], str(address[1])
         os.environ["dramatiq_prom_db"] = str(ctx.settings.state_dir / f"worker-metrics-{os.getpid()}")
     argv = ["app.worker", "--processes", str(args.processes), "--threads", str(args.threads),
-            "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS), *args.forwarded]
+            "--worker-shutdown-timeout", str(round(ctx.settings.worker_stop_seconds * 1000)), *args.forwarded]
     # In the process's own log format, so a JSON log stays JSON from its first line.
     log.info("worker.starting", pid=os.getpid(), processes=args.processes, threads=args.threads,
-             stop="SIGTERM or SIGINT stops it gracefully; a second SIGTERM at once")
+             stop="SIGTERM or SIGINT, once or more, to this pid or the group, stops it gracefully",
+             stop_seconds=ctx.settings.worker_stop_seconds,
+             ends_within_seconds=ctx.settings.worker_stop_seconds + DEADLINE_GRACE_SECONDS)
     return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))
