@@ -120,6 +120,7 @@ def install(settings: Settings) -> dramatiq.Actor:
     logs.configure(settings.log_format, level=logging.DEBUG if settings.debug else logging.INFO)
     broker = build_broker(settings)
     services = WorkerProcess(settings)
+    broker.add_middleware(export.BindMessage(), before=type(broker.middleware[0]))
     broker.add_middleware(dedup.for_broker(broker))
     broker.add_middleware(services)
     if "dramatiq_prom_host" in os.environ:   # set by `exports worker` from EXPORTS_WORKER_METRICS

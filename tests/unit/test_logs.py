@@ -186,3 +186,29 @@ def test_a_binding_made_in_another_thread_never_reaches_this_one(captured):
         other.join()
 
     assert "job_id" not in _events(stream)[0]
+
+
+def test_a_library_record_logged_inside_a_binding_carries_the_bound_fields(captured):
+    stream = captured("json")
+    job_id = uuid.uuid4()
+
+    with logs.bound(job_id=job_id, message_id="m-1"):
+        logging.getLogger("dramatiq.middleware.retries").warning("Retrying message %r.", "m-1")
+    logging.getLogger("dramatiq.middleware.retries").warning("outside")
+
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (inside["event"], inside["job_id"], inside["message_id"]) == ("Retrying message 'm-1'.", str(job_id), "m-1")
+    assert "job_id" not in outside
+
+
+def test_bind_and_unbind_open_and_close_a_binding_in_two_calls(captured):
+    stream = captured("json")
+    token = logs.bind(message_id="m-2")
+    assert logs.current() == {"message_id": "m-2"}
+    logs.get("app.test").info("dedup.skipped")
+    logs.unbind(token)
+    logs.get("app.test").info("after")
+
+    during, after = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert during["message_id"] == "m-2" and "message_id" not in after
+    assert logs.current() == {}
