@@ -315,6 +315,7 @@ def run_forever(settings: Settings, url: str, stop_event: threading.Event) -> No
     broker = build_broker(settings)
     with Database(url, Role.DISPATCHER, min_size=1, max_size=2, name="exports-relay") as db:
         beating = Heartbeat(db, "relay", interval_seconds=settings.heartbeat_seconds).start()
+        metrics.announce_build()
         try:
             metrics.serve(settings.relay_metrics)
         except OSError as exc:

@@ -77,6 +77,7 @@ class WorkerProcess(dramatiq.Middleware):
         return 0 if runner is None else runner.in_flight()
 
     def after_worker_boot(self, broker, worker) -> None:
+        metrics.announce_build()   # after Dramatiq's Prometheus middleware chose multiprocess storage
         db = self.runner().db
         self._heartbeat = Heartbeat(db, "worker", interval_seconds=self.settings.heartbeat_seconds).start()
         scavenger = Scavenger(db, ScavengerConfig.from_settings(self.settings))
