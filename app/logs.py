@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
@@ -167,6 +168,25 @@ class BindingFilter(logging.Filter):
         if not hasattr(record, "fields"):
             record.fields = dict(_BOUND.get())
         return True
+
+
+def route_uncaught() -> None:
+    """For a long-running process: Python's warnings and uncaught exceptions (a thread's, the main
+    thread's) become log records, in the process's format, instead of plain text on stderr that would
+    break a JSON log's one-object-per-line."""
+    logging.captureWarnings(True)
+    uncaught = logging.getLogger("uncaught")
+
+    def main_thread(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        uncaught.critical("process.uncaught_exception", exc_info=(kind, value, tb))
+
+    def thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is not SystemExit and args.exc_value is not None:
+            uncaught.error("thread.uncaught_exception", exc_info=args.exc_value,
+                           extra={"fields": {"thread": args.thread.name if args.thread else None}})
+
+    sys.excepthook = main_thread
+    threading.excepthook = thread
 
 
 def configure(fmt: str = "text", level: int = logging.INFO, stream: TextIO | None = None) -> None:

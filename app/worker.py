@@ -119,6 +119,7 @@ def install(settings: Settings) -> dramatiq.Actor:
     global one and returns the export actor declared on it."""
     settings.require_broker()   # a worker given a shared database must be given the shared broker
     logs.configure(settings.log_format, level=logging.DEBUG if settings.debug else logging.INFO)
+    logs.route_uncaught()
     broker = build_broker(settings)
     services = WorkerProcess(settings)
     broker.add_middleware(export.BindMessage(), before=type(broker.middleware[0]))

@@ -62,15 +62,16 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _level(ctx: Context) -> int:
-    return logging.DEBUG if ctx.settings.debug else logging.INFO
+def _configure_logs(ctx: Context) -> None:
+    logs.configure(ctx.settings.log_format, level=logging.DEBUG if ctx.settings.debug else logging.INFO)
+    logs.route_uncaught()
 
 
 def relay(ctx: Context, args: argparse.Namespace) -> int:
     from app import relay as relay_module
 
     ctx.settings.require_broker()
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    _configure_logs(ctx)
     relay_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
@@ -78,7 +79,7 @@ def relay(ctx: Context, args: argparse.Namespace) -> int:
 def scheduler(ctx: Context, args: argparse.Namespace) -> int:
     from app import scheduler as scheduler_module
 
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    _configure_logs(ctx)
     scheduler_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
@@ -93,7 +94,7 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
     (started or joined here, and kept up by this process until dramatiq returns). No worker process
     starts a service of its own."""
     ctx.settings.require_broker()
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    _configure_logs(ctx)
     # Held until dramatiq has its handlers (its main unblocks them then), so a stop signal that arrives
     # from here on, however early, is a graceful stop rather than the default action's death by signal.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
