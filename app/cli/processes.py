@@ -38,9 +38,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "scheduler", help_="recovery and the sweeper (SIGINT/SIGTERM to stop)",
                 description="Run recovery and the sweeper until SIGINT or SIGTERM.", json_output=False)
     p.set_defaults(handler=scheduler, long_running=True)
-    p = command(commands, "worker", help_="run export workers (dramatiq app.worker)",
+    p = command(commands, "worker", help_="run export workers (dramatiq app.worker; SIGTERM/SIGINT drains)",
                 description="Run `dramatiq app.worker` with the embedded services resolved. Flags this "
-                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False,
+                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq. SIGTERM or "
+                            "SIGINT, once or more, to this process, its worker processes or its group, drains it: "
+                            "uploads finish for up to EXPORTS_WORKER_STOP_SECONDS (30), and it exits within 10 s "
+                            "after that.", json_output=False,
                 # dramatiq's own exit codes, which its command line returns through this one
                 exits=(Exit(EXIT_NOT_FOUND, "dramatiq could not connect to the broker at start-up"),
                        Exit(EXIT_REFUSED, "dramatiq's --pid-file names a running process or cannot be written")))
