@@ -588,9 +588,11 @@ GRANT UPDATE (state, next_fire_at, changed_by, changed_at) ON schedules TO expor
 GRANT SELECT, INSERT ON schedule_runs TO exports_app;
 GRANT UPDATE (outcome, job_id, detail, decided_at) ON schedule_runs TO exports_app;
 
--- exports_dispatcher: the relay reads the outbox and marks publication, nothing more.
+-- exports_dispatcher: the relay reads the outbox and marks publication, nothing more; of a job it reads
+-- the id and the tenant, which its line per published wake-up names.
 GRANT SELECT ON outbox TO exports_dispatcher;
 GRANT UPDATE (published_at) ON outbox TO exports_dispatcher;
+GRANT SELECT (id, tenant_id) ON export_jobs TO exports_dispatcher;
 
 -- exports_reconciler: corrections of recorded outcomes, with their event.
 GRANT SELECT ON export_jobs, export_attempt_events, tenants, operator_access TO exports_reconciler;
@@ -608,4 +610,4 @@ GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, ho
 GRANT DELETE ON process_heartbeats TO exports_app;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (8);
+INSERT INTO schema_version (version) VALUES (9);

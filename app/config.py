@@ -72,6 +72,9 @@ class Settings:
     #: second between a creation's commit and its claim; 50 keeps that p99 near 50 ms for about 300 idle
     #: Redis commands a second.
     worker_idle_poll_ms: int = 50
+    #: Seconds a stopping worker process lets its uploads finish before it abandons them to recovery; it
+    #: ends DEADLINE_GRACE_SECONDS later at the latest (app/actors/draining.py).
+    worker_stop_seconds: float = 30.0
     #: A job whose partner cannot be reached before cutoff 2 defers: its wake-up is due after a backoff
     #: of base * 2^deferrals seconds, jittered, capped at max; past total seconds since its first
     #: deferral it fails (NotDelivered) instead. The circuit's probes back off the same way.
@@ -120,6 +123,7 @@ class Settings:
             heartbeat_seconds=_number(env, "EXPORTS_HEARTBEAT_SECONDS", 10.0, minimum=0.1),
             heartbeat_retention_seconds=_number(env, "EXPORTS_HEARTBEAT_RETENTION_SECONDS", 7 * 86400.0, minimum=1),
             worker_idle_poll_ms=int(_number(env, "EXPORTS_WORKER_IDLE_POLL_MS", 50, minimum=1)),
+            worker_stop_seconds=_number(env, "EXPORTS_WORKER_STOP_SECONDS", 30.0, minimum=1),
             defer_base_seconds=_number(env, "EXPORTS_DEFER_BASE_SECONDS", 5.0, minimum=0.05),
             defer_max_seconds=_number(env, "EXPORTS_DEFER_MAX_SECONDS", 300.0, minimum=0.05),
             defer_total_seconds=_number(env, "EXPORTS_DEFER_TOTAL_SECONDS", 6 * 3600.0, minimum=1),

@@ -16,10 +16,12 @@ A job's ids are bound once where they become known, not repeated in every call:
 
 The binding lives in a ``ContextVar``, so it belongs to the thread (or asyncio task) that made it
 and ends with its ``with`` block. A new thread starts without it: one that works for a job binds
-that job itself (the lease keeper's renewals do), or runs in ``contextvars.copy_context()``. Records
-from libraries carry no binding: theirs are about connections and messages, and most are written
-where no job is bound anyway (paramiko's transport thread, Dramatiq after the actor returned,
-APScheduler's executor).
+again what was bound where the work was handed to it (``current()``: the lease keeper's renewals and
+the stop watcher do), or runs in ``contextvars.copy_context()``. The ids of one export are
+``tenant_id``, ``job_id``, ``attempt_id`` and ``message_id`` (the wake-up being processed). Records
+from libraries (Dramatiq's retries, psycopg's pool) get the binding of the thread that logs them as
+their fields (``BindingFilter``); many are written where no job is bound (paramiko's transport thread,
+APScheduler's executor) and carry none.
 
 Nothing secret is ever passed as a field: the callers pass ids, counts, states and error classes.
 """
@@ -29,9 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from enum import Enum
 from types import MappingProxyType
@@ -50,11 +53,27 @@ _BOUND: ContextVar[Mapping[str, Any]] = ContextVar("exports_log_fields", default
 def bound(**fields: Any) -> Iterator[None]:
     """Adds ``fields`` to every event logged in this context until the block ends, over any bound
     outside it; leaving the block restores the outer binding."""
-    token = _BOUND.set({**_BOUND.get(), **fields})
+    token = bind(**fields)
     try:
         yield
     finally:
-        _BOUND.reset(token)
+        unbind(token)
+
+
+def bind(**fields: Any) -> Token[Mapping[str, Any]]:
+    """``bound`` for hooks that open and close in two calls (Dramatiq's before and after a message): adds
+    ``fields`` until ``unbind(token)``, which must run in the same context (the same thread)."""
+    return _BOUND.set({**_BOUND.get(), **fields})
+
+
+def unbind(token: Token[Mapping[str, Any]]) -> None:
+    _BOUND.reset(token)
+
+
+def current() -> Mapping[str, Any]:
+    """The fields bound here now: for a thread that works for the same job later (a lease renewal, the
+    stop watcher) to bind them again there."""
+    return _BOUND.get()
 
 
 class EventLogger:
@@ -141,11 +160,41 @@ def formatter(fmt: str) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
+class BindingFilter(logging.Filter):
+    """Gives a library's record (one not logged through ``EventLogger``) the fields bound where it is
+    logged: a handler runs on the logging thread, so the binding is that thread's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "fields"):
+            record.fields = dict(_BOUND.get())
+        return True
+
+
+def route_uncaught() -> None:
+    """For a long-running process: Python's warnings and uncaught exceptions (a thread's, the main
+    thread's) become log records, in the process's format, instead of plain text on stderr that would
+    break a JSON log's one-object-per-line."""
+    logging.captureWarnings(True)
+    uncaught = logging.getLogger("uncaught")
+
+    def main_thread(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        uncaught.critical("process.uncaught_exception", exc_info=(kind, value, tb))
+
+    def thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is not SystemExit and args.exc_value is not None:
+            uncaught.error("thread.uncaught_exception", exc_info=args.exc_value,
+                           extra={"fields": {"thread": args.thread.name if args.thread else None}})
+
+    sys.excepthook = main_thread
+    threading.excepthook = thread
+
+
 def configure(fmt: str = "text", level: int = logging.INFO, stream: TextIO | None = None) -> None:
     """Sends every record of this process to ``stream`` (stderr) in ``fmt``, replacing any handler a
     library installed on the root logger (Dramatiq's worker installs its own)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(formatter(fmt))
+    handler.addFilter(BindingFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

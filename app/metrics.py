@@ -6,9 +6,14 @@
   (``exports worker`` binds it to the configured address). prometheus_client picks its multiprocess
   storage when it is first imported, which the middleware does after it sets that directory: so nothing
   here imports prometheus_client before a metric is first used.
-- The scheduler's gauges are read from the database on each scrape (``DatabaseGauges``).
+- The scheduler's gauges are read from the database on each scrape (``DatabaseGauges``). They describe
+  the database, not the process: every scheduler serves the same values, so the alert rules
+  (deploy/prometheus/exports-rules.yml) take their ``max`` across schedulers, never their sum, and a
+  rule of their own says when no scheduler is scraped at all.
+- Every process serves ``exports_build_info{version}`` (``announce_build``).
 
-Every metric is listed, with the alerts built on them, in docs/operations.md.
+Every metric is listed, with the alerts built on them, in docs/operations.md; each name passes
+``promtool check metrics`` (a test scrapes each process and runs it).
 """
 
 from __future__ import annotations
@@ -145,6 +150,24 @@ def scheduler() -> _Scheduler:
     return _once(_Scheduler)
 
 
+def announce_build() -> None:
+    """Sets ``exports_build_info{version}`` to 1 in this process. In a worker process, call it once
+    Dramatiq's Prometheus middleware has chosen multiprocess storage (after the process booted): the worker
+    processes' values are then served as one series (the largest, 1), not one per process."""
+    _once(_Build)
+
+
+class _Build:
+    def __init__(self) -> None:
+        from prometheus_client import Gauge
+
+        from app import __version__
+
+        info = Gauge("exports_build_info", "Always 1; the running release is its version label.", ["version"],
+                     multiprocess_mode="max")
+        info.labels(__version__).set(1)
+
+
 def count_run(service: str, counts: Any) -> None:
     """Adds a maintenance run's counts dataclass to ``exports_maintenance_total``."""
     if is_dataclass(counts) and not isinstance(counts, type):
@@ -166,11 +189,13 @@ class DatabaseGauges:
         from prometheus_client.core import GaugeMetricFamily
 
         from app.store import metrics as reads
+        from app.store.types import FailureCode, Status
 
         up = GaugeMetricFamily("exports_database_up", "1 when the scheduler's last scrape read the database.")
         try:
             with self._lock, self.db.connection() as conn:
                 by_status = reads.jobs_by_status(conn)
+                failed = reads.failed_by_code(conn)
                 backlog = reads.backlog(conn)
                 live = reads.live_processes(conn, silent_seconds=self.silent_seconds)
                 scheduled = reads.schedules(conn)
@@ -181,10 +206,15 @@ class DatabaseGauges:
             return
         up.add_metric([], 1)
         yield up
+        # Every status and every code, 0 when no job has it: a rule compares a series that always exists.
         jobs = GaugeMetricFamily("exports_jobs", "Export jobs by status.", labels=["status"])
-        for status, n in sorted(by_status.items()):
-            jobs.add_metric([status], n)
+        for status in Status:
+            jobs.add_metric([status.value], by_status.get(status.value, 0))
         yield jobs
+        failed_jobs = GaugeMetricFamily("exports_failed_jobs", "Failed export jobs by failure code.", labels=["code"])
+        for code in FailureCode:
+            failed_jobs.add_metric([code.value], failed.get(code.value, 0))
+        yield failed_jobs
         for name, help_, value in (
             ("exports_outbox_unpublished", "Due outbox rows the relay has not published.", backlog.unpublished),
             ("exports_outbox_oldest_unpublished_seconds",
@@ -197,7 +227,10 @@ class DatabaseGauges:
              backlog.expired_leases),
             ("exports_outcome_unknown_jobs", "Jobs in OutcomeUnknown: they need evidence or a person.",
              backlog.outcome_unknown),
-            ("exports_max_sweep_count", "The highest sweep_count of a Queued job.", backlog.max_sweep_count),
+            ("exports_queued_max_sweeps", "How often the sweeper republished the most republished Queued job.",
+             backlog.max_sweeps),
+            ("exports_open_circuits", "Destinations whose circuit is open: their exports wait for a probe.",
+             backlog.open_circuits),
             ("exports_schedules_active", "Active export schedules.", scheduled.active),
             ("exports_schedule_overdue_seconds", "How long the most overdue schedule's fire has waited for a "
              "scheduler (0: none due).", scheduled.overdue_seconds),

@@ -6,7 +6,8 @@ process's logging (EXPORTS_LOG_FORMAT), builds the broker EXPORTS_BROKER_URL nam
 middleware (deduplication, this process's services, Dramatiq's Prometheus middleware when
 ``exports worker`` configured its address), installs it as Dramatiq's global broker and declares the
 export actor on it: Dramatiq's CLI imports the module and then consumes every queue declared on the
-global broker. Nothing connects at import: the services start when the worker has booted.
+global broker. Nothing connects at import: the services start when the worker has booted. Its stop
+signals become one drain with a deadline (``app/actors/draining.py``), however many arrive.
 
 The services come resolved from ``exports worker``, which starts the embedded ones when none is
 configured and hands them to its worker processes in their environment: EXPORTS_DATABASE_URL (the
@@ -29,6 +30,7 @@ import dramatiq
 
 from app import logs, metrics
 from app.actors import dedup, export
+from app.actors.draining import Draining
 from app.actors.lease import shared_scheduler
 from app.actors.runner import ExportRunner, RunResult
 from app.broker import build_broker
@@ -70,7 +72,12 @@ class WorkerProcess(dramatiq.Middleware):
     def run(self, job_id: UUID) -> RunResult:
         return self.runner().run(job_id)
 
+    def in_flight(self) -> int:
+        runner = self._runner
+        return 0 if runner is None else runner.in_flight()
+
     def after_worker_boot(self, broker, worker) -> None:
+        metrics.announce_build()   # after Dramatiq's Prometheus middleware chose multiprocess storage
         db = self.runner().db
         self._heartbeat = Heartbeat(db, "worker", interval_seconds=self.settings.heartbeat_seconds).start()
         scavenger = Scavenger(db, ScavengerConfig.from_settings(self.settings))
@@ -112,8 +119,10 @@ def install(settings: Settings) -> dramatiq.Actor:
     global one and returns the export actor declared on it."""
     settings.require_broker()   # a worker given a shared database must be given the shared broker
     logs.configure(settings.log_format, level=logging.DEBUG if settings.debug else logging.INFO)
+    logs.route_uncaught()
     broker = build_broker(settings)
     services = WorkerProcess(settings)
+    broker.add_middleware(export.BindMessage(), before=type(broker.middleware[0]))
     broker.add_middleware(dedup.for_broker(broker))
     broker.add_middleware(services)
     if "dramatiq_prom_host" in os.environ:   # set by `exports worker` from EXPORTS_WORKER_METRICS
@@ -121,6 +130,7 @@ def install(settings: Settings) -> dramatiq.Actor:
 
         broker.add_middleware(Prometheus())
     broker.add_middleware(export.StopPreparationOnShutdown(services.built_runner))
+    broker.add_middleware(Draining(stop_seconds=settings.worker_stop_seconds, in_flight=services.in_flight))
     dramatiq.set_broker(broker)
     return export.declare(broker, services.run)
 

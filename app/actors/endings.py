@@ -47,6 +47,8 @@ class RunResult:
     write: WriteResult | None = None
     #: For DELIVERED: Completed, Failed or OutcomeUnknown, as the destination reported it.
     delivery: Status | None = None
+    #: The job's tenant, once the runner read the row: for the actor's line about the run.
+    tenant_id: UUID | None = None
 
 
 class Endings:
@@ -100,10 +102,10 @@ class Endings:
             if stopped is WriteResult.WRITTEN:
                 metrics.worker().stops_obeyed.inc()
                 return RunResult(RunOutcome.STOPPED, attempt_id, stopped)
-        return self._failed(job, attempt_id, write)
-
-    def _failed(self, job: JobView, attempt_id: UUID, write: WriteResult) -> RunResult:
-        if write is not WriteResult.WRITTEN:
+        if write is WriteResult.WRITTEN:
+            # The detail went into the row too: what it says is redacted where it is made.
+            log.warning("runner.failed", code=code, cause=cause, detail=detail[:300])
+        else:
             # Not a failure of this attempt's making: a takeover or another outcome got there first.
             log.warning("runner.terminal_write_not_matched", write=write.value)
         return RunResult(RunOutcome.FAILED, attempt_id, write)

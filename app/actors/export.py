@@ -23,6 +23,7 @@ Options, set deliberately rather than inherited:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from uuid import UUID
 
@@ -77,13 +78,40 @@ def declare(broker: dramatiq.Broker, run: Run, **options: object) -> dramatiq.Ac
     def export_ready(job_id: str) -> None:
         result = run(UUID(job_id))
         metrics.worker().runs.labels(result.outcome.value).inc()
-        log.info("export.processed", job_id=job_id, outcome=result.outcome.value, attempt_id=result.attempt_id,
-                 write=result.write.value if result.write else None)
+        log.info("export.processed", job_id=job_id, tenant_id=result.tenant_id, outcome=result.outcome.value,
+                 attempt_id=result.attempt_id, write=result.write.value if result.write else None)
         if result.outcome is RunOutcome.CLAIM_UNKNOWN:
             raise ClaimUnknown(f"claim of job {job_id} unconfirmed: leaving the message unsettled")
 
     return dramatiq.Actor(export_ready, broker=broker, actor_name=ACTOR_NAME, queue_name=QUEUE, priority=0,
                           options={**ACTOR_OPTIONS, **options})
+
+
+class BindMessage(dramatiq.Middleware):
+    """Binds the wake-up's ``message_id`` and ``job_id`` to every line logged while the worker thread
+    handles it (the deduplication's skip, the runner's, the delivery's, the store's), from before the
+    first middleware looks at it until after the last. Added first, so it binds before the others run."""
+
+    def __init__(self) -> None:
+        self._tokens = threading.local()
+
+    def before_process_message(self, broker, message) -> None:
+        fields = {"message_id": message.message_id}
+        if message.actor_name == ACTOR_NAME and message.args:
+            fields["job_id"] = message.args[0]
+        self._tokens.token = logs.bind(**fields)
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        self._unbind()
+
+    def after_skip_message(self, broker, message) -> None:
+        self._unbind()
+
+    def _unbind(self) -> None:
+        token = getattr(self._tokens, "token", None)
+        if token is not None:   # None when an earlier middleware raised before this one bound
+            self._tokens.token = None
+            logs.unbind(token)
 
 
 class StopPreparationOnShutdown(dramatiq.Middleware):

@@ -82,6 +82,8 @@ class LeaseKeeper:
         #: Set by ``renew_now`` before it waits for the lock (tests confirm the wait with it).
         self.on_demand_waiting = threading.Event()
         self.lost = False
+        #: The log fields bound where the attempt's keeper was made (its tenant, job, attempt and message).
+        self._fields = {**logs.current(), "job_id": job_id, "attempt_id": attempt_id}
 
     # --- counts, for logs and tests ---------------------------------------------------------------
 
@@ -141,7 +143,7 @@ class LeaseKeeper:
     def _scheduled(self) -> None:
         # On a thread of the shared scheduler, which the attempt's binding does not reach: this
         # attempt's ids are bound here, for the renewal's lines and the store's.
-        with self._lock, logs.bound(job_id=self.job_id, attempt_id=self.attempt_id):
+        with self._lock, logs.bound(**self._fields):
             if self._finished.is_set():
                 return
             self._renew("scheduled")

@@ -13,6 +13,7 @@ reversible: one it cannot reach defers the job (``app.actors.deferral``) instead
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -137,6 +138,12 @@ class ExportRunner:
             active = list(self._active)
         return sum(1 for stop in active if stop.set(StopReason.SHUTDOWN))
 
+    def in_flight(self) -> int:
+        """How many attempts this runner holds: claimed, their last write not yet made. Without the lock:
+        a signal handler asks, on the main thread, which may hold the lock in ``shutdown`` when the
+        signal interrupts it (``len`` of a set is one step under the GIL)."""
+        return len(self._active)
+
     def run(self, job_id: UUID) -> RunResult:
         # Bound for this thread until the run returns: every line about the job, whichever module
         # writes it (the store, the delivery), carries its id.
@@ -148,22 +155,26 @@ class ExportRunner:
         with self.db.connection() as conn:
             # One read: the job, its destination, the destination's circuit and a replacement's original.
             job = read_job(conn, job_id)
-            if job is None or job.status is not Status.QUEUED:
-                return RunResult(RunOutcome.NOT_QUEUED)
-            decision = self.policy.evaluate(job)
-            if not decision.allowed:
-                # Queued -> Rejected, this version only: after an edit this matches nothing, and the
-                # edit's own wake-up brings the job back for a fresh evaluation.
+        if job is None or job.status is not Status.QUEUED:
+            return RunResult(RunOutcome.NOT_QUEUED)
+        with logs.bound(tenant_id=job.tenant_id):
+            return dataclasses.replace(self._evaluated(job), tenant_id=job.tenant_id)
+
+    def _evaluated(self, job: JobView) -> RunResult:
+        decision = self.policy.evaluate(job)
+        if not decision.allowed:
+            # Queued -> Rejected, this version only: after an edit this matches nothing, and the
+            # edit's own wake-up brings the job back for a fresh evaluation.
+            with self.db.connection() as conn:
                 rejected = export.reject(conn, job_id=job.id, checked_version=job.version)
-                assert decision.refusal is not None
-                log.info("runner.rejected", version=job.version, refusal=decision.refusal.value, written=rejected)
-                return RunResult(RunOutcome.REJECTED)
-            circuit = job.circuit
+            assert decision.refusal is not None
+            log.info("runner.rejected", version=job.version, refusal=decision.refusal.value, written=rejected)
+            return RunResult(RunOutcome.REJECTED)
 
         # Cutoff 1.
         attempt_id = uuid.uuid4()
         with logs.bound(attempt_id=attempt_id):
-            return self._attempt(job, decision, circuit, attempt_id)
+            return self._attempt(job, decision, job.circuit, attempt_id)
 
     def _attempt(self, job: JobView, decision: Decision, circuit: Circuit, attempt_id: UUID) -> RunResult:
         worker_id = self.worker_id()
@@ -367,8 +378,13 @@ class ExportRunner:
             write = export.finish_delivery(self.db, job_id=job.id, attempt_id=attempt_id, worker_id=worker_id,
                                            outcome=status, failure_reason=code, detail=detail, cause=cause,
                                            evidence=evidence, observed_by=_observer(worker_id, attempt_id))
-            log.info("runner.delivered", outcome=status.value, write=write.value,
-                     warm_session=prepared.ready.reused_session)
+            if status is Status.COMPLETED:
+                log.info("runner.delivered", outcome=status.value, write=write.value,
+                         warm_session=prepared.ready.reused_session)
+            else:
+                # Failed, or OutcomeUnknown (a person may be needed): an operator's alerts and searches look here.
+                log.warning("runner.delivered", outcome=status.value, write=write.value, code=code, cause=cause,
+                            detail=detail, warm_session=prepared.ready.reused_session)
             if write is not WriteResult.WRITTEN:
                 log.warning("runner.terminal_write_not_matched", outcome=status.value, write=write.value)
             if interrupted is not None:

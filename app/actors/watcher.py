@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -39,6 +40,8 @@ APPLICATION_NAME = "exports-watcher"
 class _Watched:
     attempt_id: UUID
     stop: StopSignal
+    #: The log fields bound where the attempt registered (its tenant, job, attempt and message).
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Watch:
@@ -84,7 +87,7 @@ class StopWatcher:
         """Watches one attempt. The row is checked at once too: a request recorded before the
         registration sent its notification to nobody."""
         with self._lock:
-            self._watched[job_id] = _Watched(attempt_id, stop)
+            self._watched[job_id] = _Watched(attempt_id, stop, logs.current())
             self._unchecked.add(job_id)
             self._ensure_thread()
         return Watch(self, job_id)
@@ -169,7 +172,7 @@ class StopWatcher:
             watched = targets[job_id]
             # This thread watches every attempt of the process: each stop is bound to its own, so the
             # callbacks' lines (the builder's query cancel) carry the attempt they stop.
-            with logs.bound(job_id=job_id, attempt_id=watched.attempt_id):
+            with logs.bound(**{**watched.fields, "job_id": job_id, "attempt_id": watched.attempt_id}):
                 # Counted as part of setting the signal, before it wakes the runner: set() returns only
                 # after its callbacks (the builder's query cancel), by which time the run may have ended.
                 if watched.stop.set(StopReason.STOP_REQUESTED,

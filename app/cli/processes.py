@@ -3,10 +3,11 @@
 Each logs in the one format (EXPORTS_LOG_FORMAT), resolves the database once through the command's
 context (starting the embedded PostgreSQL when EXPORTS_DATABASE_URL is unset, and logging that it did
 and where) and passes it down, serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
-SIGTERM: the relay and the scheduler finish the pass or run in progress; a worker stops taking
-messages, stops attempts still building (recovery requeues them) and lets uploads finish, for up to
-30 s (dramatiq's --worker-shutdown-timeout) before abandoning them to recovery. A second SIGTERM
-to a worker kills it at once.
+SIGTERM, once or repeatedly: the relay and the scheduler finish the pass or run in progress; a worker
+stops taking messages, stops attempts still building (recovery requeues them) and lets uploads finish,
+for up to EXPORTS_WORKER_STOP_SECONDS (dramatiq's --worker-shutdown-timeout) before abandoning them to
+recovery, whether the signal reaches its main process, its worker processes or the whole group, and
+ends within DEADLINE_GRACE_SECONDS after that (app/actors/draining.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ log = logs.get(__name__)
 #: Worker defaults: a few processes, a few threads each; an export is mostly waiting on I/O.
 DEFAULT_PROCESSES = max(1, min(os.cpu_count() or 1, 4))
 DEFAULT_THREADS = 4
-#: Milliseconds dramatiq waits for running exports at shutdown before abandoning them to recovery.
-WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -39,9 +38,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "scheduler", help_="recovery and the sweeper (SIGINT/SIGTERM to stop)",
                 description="Run recovery and the sweeper until SIGINT or SIGTERM.", json_output=False)
     p.set_defaults(handler=scheduler, long_running=True)
-    p = command(commands, "worker", help_="run export workers (dramatiq app.worker)",
+    p = command(commands, "worker", help_="run export workers (dramatiq app.worker; SIGTERM/SIGINT drains)",
                 description="Run `dramatiq app.worker` with the embedded services resolved. Flags this "
-                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False,
+                            "command does not know (-v, --pid-file, --queues, ...) go to dramatiq. SIGTERM or "
+                            "SIGINT, once or more, to this process, its worker processes or its group, drains it: "
+                            "uploads finish for up to EXPORTS_WORKER_STOP_SECONDS (30), and it exits within 10 s "
+                            "after that.", json_output=False,
                 # dramatiq's own exit codes, which its command line returns through this one
                 exits=(Exit(EXIT_NOT_FOUND, "dramatiq could not connect to the broker at start-up"),
                        Exit(EXIT_REFUSED, "dramatiq's --pid-file names a running process or cannot be written")))
@@ -63,15 +65,16 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _level(ctx: Context) -> int:
-    return logging.DEBUG if ctx.settings.debug else logging.INFO
+def _configure_logs(ctx: Context) -> None:
+    logs.configure(ctx.settings.log_format, level=logging.DEBUG if ctx.settings.debug else logging.INFO)
+    logs.route_uncaught()
 
 
 def relay(ctx: Context, args: argparse.Namespace) -> int:
     from app import relay as relay_module
 
     ctx.settings.require_broker()
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    _configure_logs(ctx)
     relay_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
@@ -79,7 +82,7 @@ def relay(ctx: Context, args: argparse.Namespace) -> int:
 def scheduler(ctx: Context, args: argparse.Namespace) -> int:
     from app import scheduler as scheduler_module
 
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    _configure_logs(ctx)
     scheduler_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
@@ -94,13 +97,15 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
     (started or joined here, and kept up by this process until dramatiq returns). No worker process
     starts a service of its own."""
     ctx.settings.require_broker()
-    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    _configure_logs(ctx)
     # Held until dramatiq has its handlers (its main unblocks them then), so a stop signal that arrives
     # from here on, however early, is a graceful stop rather than the default action's death by signal.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     # Read by dramatiq.worker when it is imported, which the import below does first.
     os.environ["dramatiq_worker_timeout"] = str(ctx.settings.worker_idle_poll_ms)
     import dramatiq.cli
+
+    from app.actors.draining import DEADLINE_GRACE_SECONDS
 
     os.environ["EXPORTS_DATABASE_URL"] = ctx.database_url()
     if ctx.settings.broker_url is None:
@@ -115,8 +120,10 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
         os.environ["dramatiq_prom_host"], os.environ["dramatiq_prom_port"] = address[0], str(address[1])
         os.environ["dramatiq_prom_db"] = str(ctx.settings.state_dir / f"worker-metrics-{os.getpid()}")
     argv = ["app.worker", "--processes", str(args.processes), "--threads", str(args.threads),
-            "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS), *args.forwarded]
+            "--worker-shutdown-timeout", str(round(ctx.settings.worker_stop_seconds * 1000)), *args.forwarded]
     # In the process's own log format, so a JSON log stays JSON from its first line.
     log.info("worker.starting", pid=os.getpid(), processes=args.processes, threads=args.threads,
-             stop="SIGTERM or SIGINT stops it gracefully; a second SIGTERM at once")
+             stop="SIGTERM or SIGINT, once or more, to this pid or the group, stops it gracefully",
+             stop_seconds=ctx.settings.worker_stop_seconds,
+             ends_within_seconds=ctx.settings.worker_stop_seconds + DEADLINE_GRACE_SECONDS)
     return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))

@@ -37,7 +37,7 @@ from app.delivery.verdicts import (
 from app.store import directory, export, recovery
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt, InspectionClaim, UnknownOutcome
-from app.store.types import ExpectedFile, Status
+from app.store.types import ExpectedFile, FailureCode, Status
 
 log = logs.get(__name__)
 
@@ -150,6 +150,12 @@ _TAKEOVER_EVENT = {Takeover.STOP: "recovery.stop", Takeover.REQUEUE: "recovery.r
                    Takeover.EXHAUST: "recovery.exhaust", Takeover.COMPLETE: "recovery.complete",
                    Takeover.OUTCOME_UNKNOWN: "recovery.unknown"}
 
+#: The takeovers that leave an export Failed (with its code) or waiting for a person: their lines are warnings.
+_UNHAPPY: dict[Takeover, dict[str, object]] = {
+    Takeover.EXHAUST: {"outcome": Status.FAILED, "code": FailureCode.ATTEMPTS_EXHAUSTED},
+    Takeover.OUTCOME_UNKNOWN: {"outcome": Status.OUTCOME_UNKNOWN},
+}
+
 
 def decide_running(job: ExpiredAttempt, max_attempts: int) -> Takeover:
     if job.stop_requested:
@@ -197,7 +203,7 @@ class Recovery:
             for job in candidates:
                 if job.status is Status.DELIVERING:
                     # The inspection's own lines (the destination's, the store's) name the job too.
-                    with logs.bound(job_id=job.job_id, attempt_id=job.attempt_id):
+                    with logs.bound(tenant_id=job.tenant_id, job_id=job.job_id, attempt_id=job.attempt_id):
                         progressed |= self._resolve_logged(job, run_id, counts)
             # A full batch may hide more expired attempts; rescan while this batch moved some
             # (a row whose takeover failed would otherwise be nominated again for ever).
@@ -285,9 +291,11 @@ class Recovery:
     @staticmethod
     def _count(job: ExpiredAttempt, takeover: Takeover, written: bool, run_id: str, counts: dict[str, int]) -> None:
         counts[_COUNT_FIELD[takeover] if written else "not_matched"] += 1
-        log.info(_TAKEOVER_EVENT[takeover] if written else "recovery.not_matched", job_id=job.job_id,
-                 attempt_id=job.attempt_id, tenant_id=job.tenant_id, run_id=run_id, takeover=takeover.value,
-                 written=written)
+        unhappy = _UNHAPPY.get(takeover) if written else None
+        (log.warning if unhappy else log.info)(
+            _TAKEOVER_EVENT[takeover] if written else "recovery.not_matched", job_id=job.job_id,
+            attempt_id=job.attempt_id, tenant_id=job.tenant_id, run_id=run_id, takeover=takeover.value,
+            written=written, **(unhappy or {}))
 
     def _weigh_delivery(self, conn, job: ExpiredAttempt, run_id: str) -> DeliveryVerdict:
         # No transaction is open: a slow destination holds no row lock, and a renewal that commits

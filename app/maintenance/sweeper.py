@@ -55,8 +55,8 @@ class Sweeper:
                                               batch_size=self.config.batch_size)
             batches += 1
             republished += len(jobs)
-            for job_id in jobs:
-                log.info("sweeper.republished", job_id=job_id)
+            for job in jobs:
+                log.info("sweeper.republished", tenant_id=job.tenant_id, job_id=job.job_id, message_id=job.message_id)
             if len(jobs) < self.config.batch_size:
                 break
         counts = SweepCounts(republished=republished, batches=batches)

@@ -23,11 +23,18 @@ class Backlog:
     #: How long the longest-expired lease has waited for recovery (0 when none): a dead scheduler shows here.
     oldest_expired_lease_seconds: float
     outcome_unknown: int
-    max_sweep_count: int
+    #: The highest sweep_count of a Queued job: how often the sweeper republished the most neglected one.
+    max_sweeps: int
+    #: Destinations whose circuit is open: their exports defer without building until a probe connects.
+    open_circuits: int
 
 
 def jobs_by_status(conn: psycopg.Connection) -> dict[str, int]:
     return {r["status"]: r["jobs"] for r in connector.fetch_all(conn, "metrics_jobs_by_status")}
+
+
+def failed_by_code(conn: psycopg.Connection) -> dict[str, int]:
+    return {r["code"]: r["jobs"] for r in connector.fetch_all(conn, "metrics_failed_by_code")}
 
 
 def backlog(conn: psycopg.Connection) -> Backlog:
@@ -40,7 +47,7 @@ def backlog(conn: psycopg.Connection) -> Backlog:
                    expired_leases=row["expired_leases"],
                    oldest_expired_lease_seconds=float(row["oldest_expired_lease_seconds"] or 0),
                    outcome_unknown=row["outcome_unknown"],
-                   max_sweep_count=row["max_sweep_count"])
+                   max_sweeps=row["max_sweeps"], open_circuits=row["open_circuits"])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ class OutboxMessage:
     created_at: datetime
     #: When a deferral's wake-up falls due; None: due when written.
     due_at: datetime | None = None
+    #: The job's tenant, for the relay's log line; None for a row whose job is gone (none is, in practice).
+    tenant_id: UUID | None = None
 
     @property
     def due(self) -> datetime:
@@ -28,7 +30,8 @@ class OutboxMessage:
 def claim_batch(conn: psycopg.Connection, *, batch_size: int) -> list[OutboxMessage]:
     """Locks up to ``batch_size`` unpublished rows that are due, until the caller's transaction ends."""
     rows = connector.fetch_all(conn, "relay_claim_batch", dict(batch_size=batch_size))
-    return [OutboxMessage(r["message_id"], r["kind"], r["job_id"], r["created_at"], r["due_at"]) for r in rows]
+    return [OutboxMessage(r["message_id"], r["kind"], r["job_id"], r["created_at"], r["due_at"], r["tenant_id"])
+            for r in rows]
 
 
 def seconds_until_next_due(conn: psycopg.Connection) -> float | None:

@@ -89,8 +89,9 @@ def kill(pid: int) -> None:
 
 def stop_process(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> bool:
     """Signals one process we started and waits for it, bounded; True when it exited by itself, False
-    when it had to be killed. The signal goes to the process, not its group: dramatiq's main process
-    forwards SIGTERM to its workers, and a worker that receives a second one kills itself mid-export."""
+    when it had to be killed. The signal goes to the process, as systemd's KillMode=mixed sends it
+    (dramatiq's main process forwards it to its worker processes); tests/acceptance/test_worker_stops.py
+    signals the group and the worker processes too."""
     if process.poll() is not None:
         return True
     try:

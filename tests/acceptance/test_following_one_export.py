@@ -1,8 +1,9 @@
 """One export followed through the logs by its job_id, as an operator would with ``jq``: ``exports relay``,
 two ``exports worker`` and ``exports scheduler`` as real processes with EXPORTS_LOG_FORMAT=json, every
-line each of them writes one JSON object, and the export's lines (the relay's publications, the claims,
-the delivery's own lines, the terminal write and recovery's takeover) carrying ``job_id`` and
-``attempt_id`` as fields.
+line each of them writes one JSON object (``jq`` reads each log whole, and stops at a line that is not
+one), and the export's lines (the relay's line per published wake-up, at INFO, the claims, the
+delivery's own lines, the terminal write and recovery's takeover) carrying ``tenant_id``, ``job_id``,
+and where they are known ``attempt_id`` and ``message_id``, as fields.
 
 Recovery acts on the export because the test makes it: the first attempt's worker is killed while its
 build waits on a table lock the test holds (confirmed with ``pg_blocking_pids``), its lease expires
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 from typing import Any
 
 import psycopg
@@ -22,25 +25,30 @@ from exports_devtools.processes import Running
 from exports_devtools.waiting import wait_until
 from tests.acceptance.steps import DEADLINE, builder_blocked_by, create, set_up, wait_status
 from tests.fixtures.processes import stop_all
+from tests.support import unavailable
 
 
-def _json_lines(process: Running) -> list[dict[str, Any]]:
-    """Every line the process wrote, each parsed as one JSON object: a line that is not one fails the test."""
-    lines = []
-    for number, line in enumerate(process.log().splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise AssertionError(f"{process.name}.log line {number} is not JSON: {line!r}") from None
-        assert isinstance(record, dict) and "event" in record, f"{process.name}.log line {number}: {line!r}"
-        lines.append(record)
-    return lines
+def _jq(process: Running, select: str, **args: str) -> list[dict[str, Any]]:
+    """``jq -c --arg name value ... 'select(...)' <process>.log``, the documented pipeline: the lines it
+    selects, parsed. jq reads the whole log, so a line that is not one JSON object fails it, and the test."""
+    jq = shutil.which("jq")
+    if jq is None:
+        unavailable("jq is not installed (.ci/install-deploy-tools installs it)")
+    argv = [jq, "-c"] + [a for name, value in args.items() for a in ("--arg", name, value)] + [select]
+    done = subprocess.run(argv, stdin=process.log_path.open("rb"), capture_output=True, timeout=60)
+    assert done.returncode == 0, f"jq over {process.name}.log: {done.stderr.decode(errors='replace')}"
+    records = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert all(isinstance(r, dict) and "event" in r for r in records), records
+    return records
 
 
-def test_one_export_is_followed_by_its_job_id_through_the_json_logs_of_the_relay_the_workers_and_the_scheduler(
+def events(records: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [r for r in records if r["event"] == event]
+
+
+def test_one_export_is_followed_with_jq_by_its_ids_through_the_json_logs_of_the_relay_the_workers_and_the_scheduler(
         system, admin, db_url, embedded_sftp):
-    # DEBUG for the relay's line per published message (at INFO it writes only a count per batch).
-    system.group.env.update(EXPORTS_LOG_FORMAT="json", EXPORTS_DEBUG="1")
+    system.group.env.update(EXPORTS_LOG_FORMAT="json")
     system.start_all()
     set_up(system, embedded_sftp)
     holder = psycopg.connect(db_url, autocommit=False)
@@ -67,12 +75,20 @@ def test_one_export_is_followed_by_its_job_id_through_the_json_logs_of_the_relay
     published_ids = {str(r["message_id"]) for r in admin.execute(
         "SELECT message_id FROM outbox WHERE job_id = %s AND published_at IS NOT NULL", (job_id,))}
     assert len(published_ids) >= 2
-    # Parsed whole, then selected by the field, as `jq 'select(.job_id == ...)'` would.
-    lines = {p.name: [r for r in _json_lines(p) if r.get("job_id") == job_id] for p in processes}
+    tenant_id = str(admin.execute("SELECT tenant_id FROM export_jobs WHERE id = %s", (job_id,)).fetchone()["tenant_id"])
+    # What an operator types: `jq -c --arg job ... 'select(.job_id == $job)'` over each process's log.
+    lines = {p.name: _jq(p, "select(.job_id == $job)", job=job_id) for p in processes}
     worker_lines = [r for name, records in lines.items() if name.startswith("worker") for r in records]
-
-    def events(records: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
-        return [r for r in records if r["event"] == event]
+    assert lines["relay"] and lines["scheduler"] and worker_lines
+    # Every line about the export, in every process, names its tenant.
+    assert {(name, r["event"], r.get("tenant_id")) for name, records in lines.items() for r in records
+            if r.get("tenant_id") != tenant_id} == set()
+    # Every worker line about it names the wake-up it was handling, one the relay published.
+    assert {r.get("message_id") for r in worker_lines} <= published_ids
+    # Followed the other way, by a wake-up's message id: the relay's publication, then the worker's lines.
+    [woken] = {r["message_id"] for r in events(worker_lines, "runner.claimed") if r["attempt_id"] == second}
+    by_message = [r for p in processes for r in _jq(p, "select(.message_id == $m)", m=woken)]
+    assert {r["event"] for r in by_message} >= {"relay.enqueued", "runner.claimed", "runner.delivered"}
 
     # The relay: a line for each wake-up it published, naming its outbox row.
     assert {r["message_id"] for r in events(lines["relay"], "relay.enqueued")} == published_ids

@@ -1,17 +1,22 @@
-"""Running it for real: each process serves /metrics with values that moved, records a heartbeat that
-`exports processes` shows, and `exports health` passes with them running; every process logs JSON lines
-carrying the job's id when asked, and no line carries the partner's secret."""
+"""Running it for real: each process serves /metrics with values that moved, names its build, and passes
+`promtool check metrics` on a live scrape; records a heartbeat that `exports processes` shows, and
+`exports health` passes with them running; every process logs JSON lines carrying the job's id when
+asked, and no line carries the partner's secret."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import urllib.request
 
 import pytest
 
+import app
 from exports_devtools.waiting import wait_until
 from tests.acceptance.steps import DEADLINE, create, set_up, wait_status
 from tests.fixtures.sftp import free_port
+from tests.support import unavailable
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -85,3 +90,38 @@ def test_health_fails_naming_the_missing_role_when_no_worker_runs(system, embedd
 
     checks = {c["name"]: c for c in result.json["checks"]}
     assert checks["relay processes"]["ok"] and not checks["worker processes"]["ok"]
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        unavailable("promtool is not installed (.ci/install-deploy-tools installs Debian's prometheus)")
+    return path
+
+
+def _ours(body: str) -> str:
+    """The exposition without Dramatiq's own families (``dramatiq_*``): their names are Dramatiq's, and one,
+    ``dramatiq_message_duration_milliseconds``, is not in base units, which promtool rejects."""
+    return "".join(line + "\n" for line in body.splitlines()
+                   if not line.startswith(("dramatiq_", "# HELP dramatiq_", "# TYPE dramatiq_")))
+
+
+def test_a_live_scrape_of_each_process_passes_promtool_check_metrics_and_names_the_build(
+        system, embedded_sftp, admin, ports):
+    promtool = _promtool()
+    set_up(system, embedded_sftp)
+    system.start_relay()
+    system.start_worker()
+    system.start_scheduler()
+    wait_status(system, admin, create(system), "Completed")   # the worker's counters have moved
+
+    for role, port in ports.items():
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        checked = subprocess.run([promtool, "check", "metrics"], input=_ours(body).encode(), capture_output=True,
+                                 timeout=60)
+        problems = (checked.stdout + checked.stderr).decode(errors="replace")
+        assert (checked.returncode, problems) == (0, ""), f"{role}:\n{problems}"
+        samples = _scrape(port)
+        assert samples[f'exports_build_info{{version="{app.__version__}"}}'] == 1, role
+    scheduler = _scrape(ports["scheduler"])
+    assert scheduler['exports_jobs{status="Completed"}'] == 1 and scheduler['exports_jobs{status="Failed"}'] == 0

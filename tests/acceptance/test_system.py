@@ -53,7 +53,8 @@ def test_an_export_canceled_while_queued_ends_canceled_and_no_file_is_ever_writt
     assert cancel(system, job_id)["outcome"] == "CanceledWhileQueued"
     system.start_worker()
     system.start_worker()
-    wait_until(lambda: f"export.processed job_id={job_id}" in system.worker_logs(),
+    wait_until(lambda: any("export.processed" in line and f"job_id={job_id}" in line
+                           for line in system.worker_logs().splitlines()),
                "a worker to receive the canceled export's wake-up", DEADLINE, diagnostics=system.group.logs)
     assert (status(admin, job_id), job_row(admin, job_id)["attempt_count"]) == ("Canceled", 0)
     assert transitions(admin, job_id) == []

@@ -1,14 +1,18 @@
-"""The scheduler's gauges are read from the database on each scrape."""
+"""The scheduler's gauges are read from the database on each scrape: every status and failure code present,
+0 when no job has it, so a rule always has a series to compare."""
 
 from __future__ import annotations
+
+import uuid
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from app import metrics
 from app.heartbeat import identity
-from app.store import heartbeat
+from app.store import heartbeat, partner
 from app.store.database import Database
-from app.store.types import Role
+from app.store.types import FailureCode, Role, Status
+from tests.factories_more import States
 
 
 def _scrape(db) -> dict[str, float]:
@@ -35,6 +39,35 @@ def test_a_scrape_counts_jobs_by_status_the_backlog_and_live_processes(app_db, s
     assert samples["exports_queued_oldest_wait_seconds"] >= 0
     assert samples['exports_live_processes{role="relay"}'] == 1
     assert samples['exports_live_processes{role="worker"}'] == 0
+
+
+def test_every_status_and_every_failure_code_is_served_zero_when_no_job_has_it(app_db, seed):
+    States(seed).failed(FailureCode.BUILD_FAILED)
+    States(seed).failed(FailureCode.ATTEMPTS_EXHAUSTED)
+    States(seed).failed(FailureCode.ATTEMPTS_EXHAUSTED)
+
+    samples = _scrape(app_db)
+
+    assert {s: samples[f'exports_jobs{{status="{s}"}}'] for s in Status} == {
+        s: (3 if s is Status.FAILED else 0) for s in Status}
+    assert {c: samples[f'exports_failed_jobs{{code="{c}"}}'] for c in FailureCode} == {
+        c: {FailureCode.BUILD_FAILED: 1, FailureCode.ATTEMPTS_EXHAUSTED: 2}.get(c, 0) for c in FailureCode}
+
+
+def test_a_destination_whose_circuit_opened_is_counted_until_it_closes_and_republications_are_served(
+        app_db, seed, conn):
+    destination = seed.destination(seed.tenant())
+    assert _scrape(app_db)["exports_open_circuits"] == 0
+    opened = partner.record_failure(conn, destination_id=destination, attempt_id=uuid.uuid4(),
+                                    error="connecting: refused", base_seconds=1, max_seconds=10)
+    assert opened.opened
+    assert _scrape(app_db)["exports_open_circuits"] == 1
+    assert partner.close_circuit(conn, destination_id=destination)
+    assert _scrape(app_db)["exports_open_circuits"] == 0
+
+    job = seed.queued()
+    conn.execute("UPDATE export_jobs SET sweep_count = 4 WHERE id = %s", (job.id,))
+    assert _scrape(app_db)["exports_queued_max_sweeps"] == 4
 
 
 def test_a_scrape_without_the_database_says_so_instead_of_failing():

@@ -391,7 +391,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         and recovery's whole run."""
         if what == "sweep":
             swept = sweeper.republish_due(self.env.maintenance, sweep_after_seconds=SWEEP_AFTER_MINUTES * 60)
-            assert set(swept) == self.model.sweep()
+            assert {r.job_id for r in swept} == self.model.sweep()
         elif what == "scan":
             found = recovery.scan_expired(self.env.maintenance)
             assert {(e.job_id, e.attempt_id) for e in found} == self.model.expired()

@@ -6,8 +6,11 @@ import contextvars
 import io
 import json
 import logging
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +189,52 @@ def test_a_binding_made_in_another_thread_never_reaches_this_one(captured):
         other.join()
 
     assert "job_id" not in _events(stream)[0]
+
+
+def test_a_library_record_logged_inside_a_binding_carries_the_bound_fields(captured):
+    stream = captured("json")
+    job_id = uuid.uuid4()
+
+    with logs.bound(job_id=job_id, message_id="m-1"):
+        logging.getLogger("dramatiq.middleware.retries").warning("Retrying message %r.", "m-1")
+    logging.getLogger("dramatiq.middleware.retries").warning("outside")
+
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (inside["event"], inside["job_id"], inside["message_id"]) == ("Retrying message 'm-1'.", str(job_id), "m-1")
+    assert "job_id" not in outside
+
+
+def test_bind_and_unbind_open_and_close_a_binding_in_two_calls(captured):
+    stream = captured("json")
+    token = logs.bind(message_id="m-2")
+    assert logs.current() == {"message_id": "m-2"}
+    logs.get("app.test").info("dedup.skipped")
+    logs.unbind(token)
+    logs.get("app.test").info("after")
+
+    during, after = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert during["message_id"] == "m-2" and "message_id" not in after
+    assert logs.current() == {}
+
+
+def test_a_process_routing_uncaught_errors_writes_warnings_and_a_threads_traceback_as_json_lines_only():
+    script = """
+import threading, warnings
+from app import logs
+logs.configure("json")
+logs.route_uncaught()
+warnings.warn("a library's deprecation")
+thread = threading.Thread(target=lambda: 1 / 0, name="doomed")
+thread.start()
+thread.join()
+raise RuntimeError("the main thread's surprise")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout == "" and done.returncode == 1
+    records = [json.loads(line) for line in done.stderr.splitlines()]   # every line one JSON object
+    assert [(r["level"], r["event"]) for r in records][1:] == [
+        ("ERROR", "thread.uncaught_exception"), ("CRITICAL", "process.uncaught_exception")]
+    assert "a library's deprecation" in records[0]["event"] and records[0]["logger"] == "py.warnings"
+    assert records[1]["thread"] == "doomed" and "ZeroDivisionError" in records[1]["exception"]
+    assert "the main thread's surprise" in records[2]["exception"]

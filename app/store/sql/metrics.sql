@@ -5,8 +5,8 @@ SELECT status, count(*) AS jobs FROM export_jobs GROUP BY status;
 
 -- name: metrics_backlog
 -- The numbers an operator acts on: the relay's lag, the oldest wait in Queued, leases nobody took over,
--- OutcomeUnknown jobs waiting for a person, and the most republished job (the reference: alert when a
--- job's sweep_count keeps rising). The relay's lag counts from when a row fell due: a deferral's wake-up
+-- OutcomeUnknown jobs waiting for a person, the most republished job (the reference: alert when a
+-- job's sweep_count keeps rising), and the destinations whose circuit is open. The relay's lag counts from when a row fell due: a deferral's wake-up
 -- waiting for its backoff is scheduled, not late, and is counted apart.
 SELECT
     (SELECT count(*) FROM outbox WHERE published_at IS NULL
@@ -26,7 +26,13 @@ SELECT
      WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp()))
         AS oldest_expired_lease_seconds,
     (SELECT count(*) FROM export_jobs WHERE status = 'OutcomeUnknown') AS outcome_unknown,
-    (SELECT coalesce(max(sweep_count), 0) FROM export_jobs WHERE status = 'Queued') AS max_sweep_count;
+    (SELECT coalesce(max(sweep_count), 0) FROM export_jobs WHERE status = 'Queued') AS max_sweeps,
+    (SELECT count(*) FROM destination_circuits WHERE state = 'open') AS open_circuits;
+
+-- name: metrics_failed_by_code
+-- Failed jobs by failure code: an alert on its growth sees every failed delivery, before cutoff 2 (a
+-- refused host key or credential) or after it, and recovery's AttemptsExhausted.
+SELECT failure_reason AS code, count(*) AS jobs FROM export_jobs WHERE status = 'Failed' GROUP BY failure_reason;
 
 -- name: metrics_live_processes
 SELECT role, count(*) AS processes

@@ -16,7 +16,10 @@ swept AS (
     SET woken_at = clock_timestamp(), sweep_count = j.sweep_count + 1
     FROM due
     WHERE j.id = due.id AND j.status = 'Queued'
-    RETURNING j.id)
-INSERT INTO outbox (message_id, kind, job_id, created_at)
-SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept
-RETURNING job_id;
+    RETURNING j.id, j.tenant_id),
+woken AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept
+    RETURNING job_id, message_id)
+-- The job's tenant and its new wake-up, for the sweeper's line about each.
+SELECT woken.job_id, woken.message_id, swept.tenant_id FROM woken JOIN swept ON swept.id = woken.job_id;

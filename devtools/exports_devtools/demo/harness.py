@@ -150,6 +150,11 @@ class Demo:
     def worker_logs(self) -> str:
         return "".join(r.log() for r in self._processes.running if r.name.startswith("worker"))
 
+    def processed(self, job_id: str) -> bool:
+        """A worker has logged its run of the export's wake-up (``export.processed``, fields in any order)."""
+        return any("export.processed" in line and f"job_id={job_id}" in line
+                   for line in self.worker_logs().splitlines())
+
     def wait_for(self, what: str, condition: Callable[[], T], timeout: float = SCENE_TIMEOUT) -> T:
         """Until ``condition`` holds; fails the demo if it does not in time, or if the relay or the
         scheduler has exited meanwhile (nothing would then move)."""

@@ -39,7 +39,7 @@ def canceled_while_queued(demo: Demo) -> None:
         job_id = demo.create()
         demo.cancel(job_id, "wrong segment")
     say("  The relay resumes and publishes the wake-up; the worker finds the export Canceled and does nothing.")
-    demo.wait_for("a worker to receive the wake-up", lambda: f"export.processed job_id={job_id}" in demo.worker_logs())
+    demo.wait_for("a worker to receive the wake-up", lambda: demo.processed(job_id))
     say(f"  -> export {job_id[:8]} is {demo.status(job_id)}, nothing sent")
 
 

@@ -144,7 +144,7 @@ def test_the_sweeper_counts_a_deferred_jobs_wait_from_its_due_time(seed):
 
     republished = sweeper.republish_due(seed.conn, sweep_after_seconds=30 * 60, batch_size=100)
 
-    assert republished == [lost.id]
+    assert [r.job_id for r in republished] == [lost.id]
     assert seed.row(deferred)["sweep_count"] == 0
 
 

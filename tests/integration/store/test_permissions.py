@@ -154,13 +154,19 @@ def test_the_dispatcher_is_refused_when_it_tries_to_delete_an_outbox_row(history
     assert len(_snapshot(admin, "outbox")) == 1
 
 
-def test_the_dispatcher_cannot_read_export_jobs(history, admin, connect_as):
+def test_the_dispatcher_reads_a_jobs_id_and_tenant_for_its_log_line_and_nothing_else_of_it(history, admin, connect_as):
     dispatcher = connect_as(Role.DISPATCHER)
     assert not _privilege(admin, Role.DISPATCHER, "export_jobs", "SELECT")
-    assert not _any_column_privilege(admin, Role.DISPATCHER, "export_jobs", "SELECT")
+    readable = {r["attname"] for r in admin.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'export_jobs'::regclass AND attnum > 0 "
+        "AND NOT attisdropped AND has_column_privilege('exports_dispatcher', 'export_jobs', attname, 'SELECT')")}
+    assert readable == {"id", "tenant_id"}
+    for privilege in ("INSERT", "UPDATE", "REFERENCES"):
+        assert not _any_column_privilege(admin, Role.DISPATCHER, "export_jobs", privilege)
 
+    dispatcher.execute("SELECT id, tenant_id FROM export_jobs").fetchall()
     with pytest.raises(pg.InsufficientPrivilege, match="permission denied"):
-        dispatcher.execute("SELECT id FROM export_jobs")
+        dispatcher.execute("SELECT status FROM export_jobs")
 
 
 # --- the outbox: nobody deletes ----------------------------------------------------------------------

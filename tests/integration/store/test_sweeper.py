@@ -25,7 +25,8 @@ def conn(conn):
 
 
 def sweep(conn, batch_size: int = 500) -> list[uuid.UUID]:
-    return sweeper.republish_due(conn, sweep_after_seconds=SWEEP_AFTER_SECONDS, batch_size=batch_size)
+    return [r.job_id for r in sweeper.republish_due(conn, sweep_after_seconds=SWEEP_AFTER_SECONDS,
+                                                      batch_size=batch_size)]
 
 
 def message_ids(seed, job) -> list[uuid.UUID]:
@@ -46,6 +47,16 @@ def test_a_queued_job_woken_31_minutes_ago_gets_a_new_wakeup_with_a_new_message_
     assert after["sweep_count"] == before["sweep_count"] + 1
     messages = message_ids(seed, job)
     assert len(messages) == 2 and messages[0] == first_message and messages[1] != first_message
+
+
+def test_a_sweep_names_each_jobs_tenant_and_its_new_wake_ups_message_id_for_the_sweepers_log_line(conn, seed):
+    job = seed.queued()
+    seed.age_wakeup(job, 31)
+
+    [republished] = sweeper.republish_due(conn, sweep_after_seconds=SWEEP_AFTER_SECONDS)
+
+    assert (republished.job_id, republished.tenant_id) == (job.id, seed.row(job)["tenant_id"])
+    assert republished.message_id == message_ids(seed, job)[-1]
 
 
 def test_a_queued_job_woken_29_minutes_ago_is_left_alone(conn, seed):

@@ -3,6 +3,7 @@ which one leaves it for redelivery, and how copies of one message id are absorbe
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from app import relay
+from app import logs, relay
 from app.actors import export
 from app.actors.dedup import Deduplicate, LocalSeen
 from app.actors.runner import RunOutcome, RunResult
@@ -167,3 +168,45 @@ def test_the_local_record_forgets_the_oldest_ids_beyond_its_capacity():
         seen.remember(message_id)
 
     assert [seen.seen(m) for m in ("a", "b", "c", "d")] == [False, True, True, False]
+
+
+def test_every_line_about_a_wake_up_carries_its_message_id_and_job_id_and_the_next_message_starts_clean():
+    broker = StubBroker()
+    broker.add_middleware(export.BindMessage(), before=type(broker.middleware[0]))
+    broker.add_middleware(Deduplicate(LocalSeen()))
+    broker.emit_after("process_boot")
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    seen: list[dict] = []
+
+    def run(job_id: UUID) -> RunResult:
+        seen.append(dict(logs.current()))
+        return RunResult(RunOutcome.DELIVERED)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append   # type: ignore[method-assign]
+    handler.addFilter(logs.BindingFilter())
+    dedup_log = logging.getLogger("app.actors.dedup")
+    dedup_log.addHandler(handler)
+    level = dedup_log.level
+    dedup_log.setLevel(logging.INFO)
+    try:
+        export.declare(broker, run)
+        first, second = uuid.uuid4(), uuid.uuid4()
+        broker.enqueue(_message(first, "outbox-1"))
+        broker.join(export.QUEUE)
+        worker.join()
+        broker.enqueue(_message(first, "outbox-1"))   # a copy: skipped by the deduplication
+        broker.enqueue(_message(second, "outbox-2"))
+        broker.join(export.QUEUE)
+        worker.join()
+    finally:
+        dedup_log.removeHandler(handler)
+        dedup_log.setLevel(level)
+        worker.stop()
+        broker.close()
+
+    assert seen == [{"message_id": "outbox-1", "job_id": str(first)}, {"message_id": "outbox-2", "job_id": str(second)}]
+    [skipped] = [r for r in records if r.getMessage() == "dedup.skipped"]
+    assert logs.fields_of(skipped) == {"message_id": "outbox-1", "job_id": str(first), "actor": export.ACTOR_NAME}
