@@ -40,6 +40,8 @@ class Destination(peewee.Model):
     profile_version = peewee.IntegerField()
     file_sequence = peewee.BigIntegerField()
     more_host_keys = peewee.TextField()   # text[]; read through app.store.directory
+    delivery_mode = peewee.TextField()
+    bandwidth_limit = peewee.BigIntegerField(null=True)
 
     class Meta:
         table_name = "destinations"
@@ -113,6 +115,7 @@ class ExportJob(peewee.Model):
     expected_profile_version = peewee.IntegerField(null=True)
     expected_marker_name = peewee.TextField(null=True)
     expected_marker = peewee.BlobField(null=True)
+    expected_delivery_mode = peewee.TextField(null=True)
 
     class Meta:
         table_name = "export_jobs"

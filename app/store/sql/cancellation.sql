@@ -8,7 +8,7 @@ SELECT id, tenant_id, status, version, destination_id, attempt_id, attempt_count
        expected_file_bytes, expected_file_sha256, delivery_authorized_at, woken_at, failure_reason,
        delivery_key, replaces_job_id, created_by, replacement_reason, overwrite_agreement_ref,
        sweep_count, created_at, deferrals, deferred_since, last_deferral, expected_profile_version,
-       expected_marker_name, expected_marker
+       expected_marker_name, expected_marker, expected_delivery_mode
 FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
 FOR UPDATE;
 

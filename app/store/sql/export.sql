@@ -93,7 +93,8 @@ authorized AS (
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
         expected_profile_version = %(profile_version)s, expected_marker_name = %(marker_name)s,
-        expected_marker = %(marker)s, delivery_authorized_at = clock_timestamp()
+        expected_marker = %(marker)s, expected_delivery_mode = %(delivery_mode)s,
+        delivery_authorized_at = clock_timestamp()
     WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL
       AND lease_expires_at > clock_timestamp()
