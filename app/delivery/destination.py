@@ -101,11 +101,12 @@ class Destination:
         with connect(self.config, self._pinned, self._credential()) as session:
             return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
 
-    def check(self) -> preflight.Capabilities:
-        """What the server allows (``exports destination check``), on a session opened as a delivery's.
-        Raises the connection's error (a host key not pinned, a refused credential, no answer)."""
+    def check(self, *, ingestion_window: float | None = None) -> preflight.Capabilities:
+        """What the server allows (``exports destination check``), on a session opened as a delivery's, and
+        with ``ingestion_window`` whether the partner's ingestion takes a published file. Raises the
+        connection's error (a host key not pinned, a refused credential, no answer)."""
         with connect(self.config, self._pinned, self._credential()) as session:
-            return preflight.check(session, self.config)
+            return preflight.check(session, self.config, ingestion_window=ingestion_window)
 
     def complete_marker(self, expected: ExpectedFile, attempt_id: str) -> Listing:
         """For recovery and reconciliation: the completion marker written where the file is there as
