@@ -67,9 +67,9 @@ def changes(args: argparse.Namespace, row: dict[str, Any], profile: Profile) -> 
             "bandwidth_limit": args.bandwidth_limit or None}
 
 
-def described(mode: str, bandwidth_limit: int | None) -> list[str]:
+def described(delivery_mode: str, bandwidth_limit: int | None) -> list[str]:
     """The settings as ``destination add``, ``edit`` and ``show`` print them."""
-    return [f"delivery mode: {mode} ({DeliveryMode.of(mode).reason})",
+    return [f"delivery mode: {delivery_mode} ({DeliveryMode.of(delivery_mode).reason})",
             f"bandwidth limit: {_shown_limit(bandwidth_limit)}"]
 
 
