@@ -88,6 +88,8 @@ class Job:
     #: Recorded at cutoff 2: the completion marker written after the file, and its content.
     expected_marker_name: str | None
     expected_marker: bytes | None
+    #: Recorded at cutoff 2: how the file is published (``app.delivery.modes``).
+    expected_delivery_mode: str | None
 
 
 @dataclass(frozen=True)
