@@ -47,8 +47,10 @@ def test_no_rename_is_recommended_recorded_only_with_a_marker_and_delivered_in_p
         shown = system.cli("destination", "show", "--tenant", TENANT, "--destination", "partner", "--json").json
         job = _deliver(system, admin)
         files = partner.peer.files()
+        back = system.cli(*EDIT, "--delivery-mode", "standard", "--bandwidth-limit", "off", "--json").json
 
     assert (checked["recommended"], checked["recorded_mode"], checked["applied"]) == ("no-rename", "standard", False)
+    assert (back["delivery_mode"], back["bandwidth_limit"], back["profile_version"]) == ("standard", None, 2)
     assert checked["capabilities"]["rename"] is False and checked["modes"]["standard"]["fits"] is False
     assert "completion marker" in without_marker.stderr and "nothing recorded" in without_marker.stderr
     assert (applied["applied"], applied["recorded_mode"], applied["previous_mode"]) == (True, "no-rename", "standard")
