@@ -81,11 +81,11 @@ def cut_after_request(request: str, *, target_contains: str, performed: Callable
         cut.fired.set()
         return self._read_response(number)   # raises: the connection is gone
 
-    paramiko.SFTPClient._request = _request  # type: ignore[method-assign]
+    paramiko.SFTPClient._request = _request
     try:
         yield cut
     finally:
-        paramiko.SFTPClient._request = original  # type: ignore[method-assign]
+        paramiko.SFTPClient._request = original
 
 
 def _text(path: object) -> str | None:
