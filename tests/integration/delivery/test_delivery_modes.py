@@ -91,8 +91,13 @@ def make_export(tmp_path: Path, *, marker: str | None) -> Export:
     return Export(local, data, expected, uuid.uuid4().hex)
 
 
+#: Seconds a matrix delivery waits to connect and for each reply: nothing here tests a timeout, and a
+#: loaded machine must not turn a slow handshake into a failed cell.
+PATIENT = 60.0
+
+
 def destination(partner: Partner, mode: DeliveryMode, **changes: object) -> Destination:
-    return partner.peer.destination(delivery_mode=mode, **changes)
+    return partner.peer.destination(delivery_mode=mode, connect_timeout=PATIENT, io_timeout=PATIENT, **changes)
 
 
 def leftovers(partner: Partner) -> list[str]:
