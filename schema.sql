@@ -66,6 +66,12 @@ CREATE TABLE destinations (
     profile_version         int NOT NULL DEFAULT 1,       -- the current delivery profile (delivery_profiles)
     file_sequence           bigint NOT NULL DEFAULT 0,    -- the last {sequence} a created export's file name took
     more_host_keys          text[] NOT NULL DEFAULT '{}', -- further pinned known_hosts lines (a key rotation)
+    -- How a delivery publishes a file on this partner's server (app/delivery/modes.py), and the partner's
+    -- bandwidth limit for uploads in bytes per second (NULL: none).
+    delivery_mode           text NOT NULL DEFAULT 'standard' CONSTRAINT ck_destinations_delivery_mode
+                                CHECK (delivery_mode IN ('standard', 'no-stat', 'no-rename', 'quick-ingest')),
+    bandwidth_limit         bigint CONSTRAINT ck_destinations_bandwidth_limit
+                                CHECK (bandwidth_limit BETWEEN 1024 AND 1000000000000),
     CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id)
 );
 
@@ -197,6 +203,7 @@ CREATE TABLE export_jobs (
     incremental              boolean NOT NULL DEFAULT false,
     incremental_since        pg_snapshot,
     expected_snapshot        pg_snapshot,
+    expected_delivery_mode   text,                      -- recorded at cutoff 2: how the file is published
     CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id),
     CONSTRAINT ck_export_jobs_replacement CHECK ((replaces_job_id IS NULL) = (replacement_reason IS NULL)),
     CONSTRAINT ck_export_jobs_overwrite CHECK (overwrite_agreement_ref IS NULL OR replaces_job_id IS NOT NULL),
@@ -575,7 +582,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 
 -- exports_app: the API, the worker, recovery, the sweeper and the operator scripts.
 GRANT SELECT, INSERT ON tenants, destinations, contacts, operator_access TO exports_app;
-GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys) ON destinations TO exports_app;
+GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys, delivery_mode, bandwidth_limit)
+    ON destinations TO exports_app;
 GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
 GRANT SELECT, INSERT, UPDATE ON export_jobs TO exports_app;
 GRANT SELECT, INSERT ON deliveries, export_attempt_events, cancellation_requests TO exports_app;
@@ -610,4 +618,4 @@ GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, ho
 GRANT DELETE ON process_heartbeats TO exports_app;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (9);
+INSERT INTO schema_version (version) VALUES (10);

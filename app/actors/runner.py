@@ -36,8 +36,9 @@ from app.delivery.classifier import Stage, classify, outcome_evidence, terminal_
 from app.delivery.config import DestinationConfig
 from app.delivery.destination import Destination, Refused, Unreachable
 from app.delivery.evidence import Evidence
+from app.delivery.modes import DeliveryMode
 from app.delivery.openpgp import OpenPGPError
-from app.delivery.profile import Profile
+from app.delivery.profile import Marker, Profile
 from app.delivery.sessions import SessionPool
 from app.delivery.upload import Ready
 from app.errors import ExportsError
@@ -242,6 +243,10 @@ class ExportRunner:
                 # Written by a later release, or by hand: not an export this one can build.
                 raise BuildFailed(f"the delivery profile v{job.profile_version} cannot be read: "
                                   f"{type(exc).__name__}", FailureCause.CONFIGURATION) from exc
+            mode = decision.destination.delivery_mode
+            if mode.needs_marker and profile.marker is Marker.NONE:
+                raise BuildFailed(f"delivery mode {mode.value} publishes a file by its completion marker, and "
+                                  f"profile v{job.profile_version} writes none", FailureCause.CONFIGURATION)
             started = time.monotonic()
             built = self.builder.build(job_id=job.id, attempt_id=attempt_id, tenant_id=job.tenant_id,
                                        scope=decision.scope, stop=stop, profile=profile,
@@ -298,12 +303,12 @@ class ExportRunner:
             # Cutoff 2, with the baseline. This write, not the watcher, guarantees a stop request committed
             # first wins.
             baseline = pending.take()
-            cutoff = self._authorize(job, attempt_id, worker_id, expected, baseline)
+            cutoff = self._authorize(job, attempt_id, worker_id, expected, baseline, mode)
             if cutoff is AuthorizationResult.LEASE_LAPSED and keeper.renew_now() is RenewResult.RENEWED:
                 # Still the owner, only late: the renewal succeeds only if no takeover committed. The
                 # baseline goes again (the first statement may not have run): a repeated observation
                 # only repeats what the first said.
-                cutoff = self._authorize(job, attempt_id, worker_id, expected, baseline)
+                cutoff = self._authorize(job, attempt_id, worker_id, expected, baseline, mode)
 
             match cutoff:
                 case AuthorizationResult.AUTHORIZED:
@@ -344,11 +349,11 @@ class ExportRunner:
         raise AssertionError("unreachable")   # pragma: no cover
 
     def _authorize(self, job: JobView, attempt_id: UUID, worker_id: str, expected: ExpectedFile,
-                   baseline: list[str]) -> AuthorizationResult:
+                   baseline: list[str], mode: DeliveryMode) -> AuthorizationResult:
         return export.authorize_delivery(self.db, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt_id,
                                          expected=expected, replaces_job_id=job.replaces_job_id, evidence=baseline,
                                          observed_by=_observer(worker_id, attempt_id),
-                                         profile_version=job.profile_version)
+                                         profile_version=job.profile_version, delivery_mode=mode.value)
 
     # --- past cutoff 2: the upload is made safe to interrupt, not cancellable ---------------------
 

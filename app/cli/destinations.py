@@ -16,8 +16,8 @@ from typing import Any
 
 import paramiko
 
+from app.cli import delivery_options, profile_options
 from app.cli import lookup as cli_lookup
-from app.cli import profile_options
 from app.cli.common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -34,7 +34,6 @@ from app.cli.common import (
     text,
 )
 from app.cli.output import emit, table
-from app.delivery import preflight
 from app.delivery.classifier import describe
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import parse_credential_ref
@@ -93,6 +92,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "per delivery key; 0 turns them off (default 3)")
     p.add_argument("--by", type=name, help="who adds it, for the profile's record (default: this login's name)")
     profile_options.add(p, editing=False)
+    delivery_options.add(p, editing=False)
     p.set_defaults(handler=destination_add)
 
     p = command(destination, "edit", help_="change what a destination's partner receives (a new profile version)",
@@ -106,6 +106,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--expected-version", type=positive_int(1_000_000), metavar="N",
                    help="edit only if the profile is still version N (what destination show printed)")
     profile_options.add(p, editing=True)
+    delivery_options.add(p, editing=True)
     p.set_defaults(handler=destination_edit)
 
     p = command(destination, "show", help_="a destination's settings and delivery profile",
@@ -117,13 +118,21 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     p = command(destination, "check", help_="probe what the partner's server allows, before exports depend on it",
                 description="Connect as a delivery does (the pinned host keys, the credential) and probe, under "
-                            "scratch dot-names in the remote directory that it removes again: write, stat, lstat, "
-                            "listing, SETSTAT, rename, whether rename refuses an existing target, posix-rename, "
-                            "check-file-name sha256. Prints what the server allows and the delivery it can take.",
-                exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the destination cannot be delivered to (it "
-                                                          "cannot be reached or logged into, or lacks what a "
-                                                          "delivery needs)")))
+                            "scratch dot-names in the remote directory that it removes again: write, exclusive "
+                            "create, stat, lstat, listing, SETSTAT, rename, whether rename refuses an existing "
+                            "target, posix-rename, check-file-name sha256. Prints what the server allows, the "
+                            "delivery modes that fit it and the one it recommends; --apply records that one.",
+                exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the destination cannot be delivered to in any "
+                                                          "mode (or cannot be reached or logged into), or --apply's "
+                                                          "mode needs a completion marker the profile lacks; "
+                                                          "nothing recorded")))
     _naming_one(p)
+    p.add_argument("--apply", action="store_true", help="record the recommended delivery mode on the destination")
+    p.add_argument("--probe-ingestion", nargs="?", const=delivery_options.INGESTION_WINDOW, default=None,
+                   type=delivery_options.ingestion_window, metavar="SECONDS",
+                   help="also publish one empty visible file, exports-check-<hex>.probe, and watch whether the "
+                        "partner's ingestion takes it within SECONDS (default "
+                        f"{delivery_options.INGESTION_WINDOW:g}); ask the partner first: their ingestion sees it")
     p.set_defaults(handler=destination_check)
 
     p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
@@ -172,6 +181,7 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
     except CredentialError as exc:
         raise bad_input(f"--credential-ref: {exc}") from None
     profile = profile_options.profile(args, Profile())
+    delivery = delivery_options.for_new(args, profile)
     line, key = _host_key(args, args.host, args.port)
     tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     destination_id = uuid.uuid4()
@@ -180,16 +190,16 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
         remote_dir=args.remote_dir, host_key=line, credential_ref=credential_ref, remote_hash=args.remote_hash,
         acknowledgments=args.acknowledgments, name_and_size_identify=args.name_and_size_identify,
         read_back=args.read_back, max_sessions=args.max_sessions, auto_retries=args.auto_retries,
-        profile=profile.to_json(), created_by=_by(args))
+        profile=profile.to_json(), created_by=_by(args), **delivery)
     with ctx.connection() as conn:
         added = directory.add_destination(conn, destination_id=destination_id, destination=new)
         if added is directory.AddResult.UNKNOWN_TENANT:
             raise not_found(f"no tenant {tenant.id}")
     emit(ctx, f"destination {args.name!r} added to tenant {tenant.name!r}: {destination_id}\n"
               f"  pinned host key {key.get_name()} {fingerprint(key)}\n"
-              + "\n".join(f"  {line_}" for line_ in profile.describe()),
+              + "\n".join(f"  {line_}" for line_ in [*profile.describe(), *delivery_options.described(**delivery)]),
          {"destination_id": str(destination_id), "tenant_id": str(tenant.id), "host_key": line,
-          "fingerprint": fingerprint(key), "profile_version": 1, "profile": profile.to_json()})
+          "fingerprint": fingerprint(key), "profile_version": 1, "profile": profile.to_json(), **delivery})
     return EXIT_OK
 
 
@@ -210,27 +220,41 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
     tenant, found = _named(ctx, args)
     with ctx.connection() as conn:
         current = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
-        if current is None:
+        row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
+        if current is None or row is None:
             raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
         if args.expected_version is not None and args.expected_version != current.version:
             raise refused(f"destination {found.name!r}: its profile is v{current.version}, not "
                           f"v{args.expected_version}; nothing written")
         before = Profile.from_json(current.profile)
         after = profile_options.profile(args, before)
-        if after.to_json() == before.to_json():
+        delivery = delivery_options.changes(args, row, after)
+        if after.to_json() == before.to_json() and delivery is None:
             emit(ctx, f"destination {found.name!r}: profile v{current.version} already says that; nothing written",
                  {"destination_id": str(found.id), "profile_version": current.version, "changed": False})
             return EXIT_OK
-        edit, version = directory.edit_profile(conn, tenant_id=tenant.id, destination_id=found.id,
-                                               expected_version=current.version, profile=after.to_json(),
-                                               created_by=_by(args))
-    if edit is directory.ProfileEdit.STALE:
-        raise refused(f"destination {found.name!r}: its profile changed after v{current.version} was read "
-                      "(another edit committed first); nothing written, run the edit again")
-    emit(ctx, f"destination {found.name!r}: profile v{version} (was v{current.version})\n"
-              + "\n".join(f"  {line}" for line in after.describe()),
+        version: int | None = current.version
+        settings: dict[str, Any] | None = row
+        with conn.transaction():   # the profile and the delivery settings, both or neither
+            if after.to_json() != before.to_json():
+                edit, version = directory.edit_profile(conn, tenant_id=tenant.id, destination_id=found.id,
+                                                       expected_version=current.version, profile=after.to_json(),
+                                                       created_by=_by(args))
+                if edit is directory.ProfileEdit.STALE:
+                    raise refused(f"destination {found.name!r}: its profile changed after v{current.version} was "
+                                  "read (another edit committed first); nothing written, run the edit again")
+            if delivery is not None:
+                settings = directory.set_delivery(conn, tenant_id=tenant.id, destination_id=found.id, **delivery)
+                if settings is None:
+                    raise refused(f"destination {found.name!r} changed meanwhile; nothing written, run the edit again")
+    assert settings is not None
+    shown = delivery_options.described(settings["delivery_mode"], settings["bandwidth_limit"])
+    emit(ctx, f"destination {found.name!r}: profile v{version}"
+              + (f" (was v{current.version})" if version != current.version else " (unchanged)") + "\n"
+              + "\n".join(f"  {line}" for line in [*after.describe(), *shown]),
          {"destination_id": str(found.id), "profile_version": version, "previous_version": current.version,
-          "changed": True, "profile": after.to_json()})
+          "changed": True, "profile": after.to_json(), "delivery_mode": settings["delivery_mode"],
+          "bandwidth_limit": settings["bandwidth_limit"]})
     return EXIT_OK
 
 
@@ -250,7 +274,7 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                 ["remote dir", row["remote_dir"]], ["credential", row["credential_ref"].split(":", 1)[0] + ":..."],
                 ["sessions", row["max_sessions"]], ["auto retries", row["auto_retries"] or "off"],
                 ["active", "yes" if row["active"] else "no"],
-                ["host keys", ", ".join(pinned.fingerprints())],
+                ["host keys", ", ".join(pinned.fingerprints())], *delivery_options.shown(row)[0],
                 ["profile", f"v{stored.version} of v{stored.current_version}, by {stored.created_by}, "
                             f"{stored.created_at:%Y-%m-%d %H:%M:%S}"]]
     human = table(["setting", "value"], settings) + "\n" + "\n".join(profile.describe())
@@ -262,25 +286,17 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                       "auto_retries": row["auto_retries"], "active": row["active"],
                       "profile_version": stored.version, "current_profile_version": stored.current_version,
                       "profile_created_by": stored.created_by, "profile_created_at": stored.created_at,
-                      "profile": profile.to_json()})
+                      "profile": profile.to_json(), **delivery_options.shown(row)[1]})
     return EXIT_OK
 
 
 def destination_check(ctx: Context, args: argparse.Namespace) -> int:
-    _tenant, found, config = _configured(ctx, args)
+    tenant, found, config = _configured(ctx, args)
     try:
-        found_caps = SftpDestination(config).check()
+        found_caps = SftpDestination(config).check(ingestion_window=args.probe_ingestion)
     except (DestinationError, OSError, paramiko.SSHException) as exc:
         raise refused(f"destination {found.name!r} cannot be used: {describe(exc)}") from None
-    rows = [[probe, {True: "yes", False: "no", None: "not probed"}[found_caps.found[probe]], meaning,
-             found_caps.why.get(probe, "")] for probe, meaning in preflight.PROBES.items()]
-    data = {"destination_id": str(found.id), "capabilities": found_caps.found, "why": found_caps.why,
-            "deliverable": found_caps.deliverable, "recommended": found_caps.recommended}
-    emit(ctx, table(["probe", "allowed", "what", "server said"], rows) + f"\ndelivery: {found_caps.recommended}",
-         data)
-    if not found_caps.deliverable:
-        raise refused(f"destination {found.name!r} lacks what a delivery needs", **data)
-    return EXIT_OK
+    return delivery_options.checked(ctx, args, tenant, found, config.delivery_mode, found_caps)
 
 
 STATUS_HEADERS = ["tenant", "destination", "host", "circuit", "next probe", "failures", "sessions", "deferred",

@@ -92,6 +92,7 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
         lines.append(f"  attempt {job.attempt_id} by {job.claimed_by}{lease}")
     if job.expected_file_name:
         built_with = f"  built with profile v{job.expected_profile_version}" if job.expected_profile_version else ""
+        built_with += f"  delivered in mode {job.expected_delivery_mode}" if job.expected_delivery_mode else ""
         lines.append(f"  expected file {job.expected_file_name}  {job.expected_file_bytes} bytes{built_with}")
     if job.deferrals:
         lines.append(f"  deferred {job.deferrals} times since {job.deferred_since:%Y-%m-%d %H:%M:%S}"

@@ -26,6 +26,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from app.delivery.credentials import redact as redact_secrets
 from app.delivery.errors import CredentialError, HostKeyMismatch
 from app.delivery.evidence import Listing, Receipt
+from app.delivery.modes import DeliveryMode
 from app.store.types import FailureCause, FailureCode, Status
 
 #: Longest exception text kept in an outcome's detail, in characters; details land in a text column.
@@ -49,6 +50,8 @@ class Stage(enum.Enum):
     RENAME = "rename"
     #: The rename succeeded; reading back what the destination shows failed.
     CONFIRM = "confirm"
+    #: Mode no-rename: the completion marker's exclusive create was sent, the step that publishes the file.
+    MARKER = "marker"
     #: The caller does not know (an interrupt that escaped the destination).
     UNKNOWN = "unknown"
 
@@ -125,6 +128,7 @@ def classify(
     fresh: Listing | None = None,
     rename_refused: bool = False,
     redact: Iterable[str] = (),
+    mode: DeliveryMode = DeliveryMode.STANDARD,
 ) -> DeliveryOutcome:
     """Classify an exception raised while delivering.
 
@@ -138,6 +142,10 @@ def classify(
 
     ``redact`` lists strings that must never appear in the detail (the resolved secret), as a
     second line of defence: the destination's own messages never contain them.
+
+    In mode no-stat no listing can be taken: there the rename's own answer decides. Before the rename was
+    sent, or when the server answered it with a refusal, this attempt put nothing under the final name
+    (Failed); a rename without an answer is Unknown.
     """
     what = describe(exc, redact=redact)
     if not isinstance(exc, Exception):
@@ -148,6 +156,13 @@ def classify(
         return Unknown(f"interrupted at {stage.value}: {what}")
     if stage in _NOTHING_WRITTEN:
         return Failed(FailureCode.NOT_DELIVERED, f"no write was sent ({stage.value}): {what}", cause_of(exc))
+    if not mode.looks and stage is Stage.UPLOAD:
+        return Failed(FailureCode.NOT_DELIVERED, f"upload failed, the rename never sent (mode {mode.value}): {what}",
+                      cause_of(exc))
+    if not mode.looks and stage is Stage.RENAME and rename_refused:
+        return Failed(FailureCode.NOT_DELIVERED, f"the server refused the rename (mode {mode.value} cannot look "
+                                                 f"why; a file may hold the final name): {what}",
+                      FailureCause.PERMANENT)
     rename_never_ran = stage is Stage.UPLOAD or (stage is Stage.RENAME and rename_refused)
     if rename_never_ran:
         if baseline is not None and fresh is not None and fresh.same_as(baseline):

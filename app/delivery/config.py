@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from app.delivery.credentials import CredentialRef, parse_credential_ref
 from app.delivery.errors import InvalidDestination
 from app.delivery.hostkeys import PinnedKeys, known_hosts_name, parse_host_key
+from app.delivery.modes import DeliveryMode
 
 #: Seconds allowed for the TCP connect, SSH handshake, authentication and opening the SFTP session.
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -25,6 +26,8 @@ DEFAULT_IO_TIMEOUT = 30.0
 DEFAULT_ACK_WAIT = 5.0
 #: Sessions a partner allows at once unless its destination says otherwise (the schema's default).
 DEFAULT_MAX_SESSIONS = 4
+#: The lowest bandwidth limit a destination may set, in bytes per second (the schema's CHECK).
+MIN_BANDWIDTH_LIMIT = 1024
 
 _CAPABILITIES = ("remote_hash", "acknowledgments", "name_and_size_identify", "read_back")
 
@@ -56,6 +59,10 @@ class DestinationConfig:
     max_sessions: int = DEFAULT_MAX_SESSIONS
     #: Further known_hosts lines the server may present instead (a partner rotating its key).
     more_host_keys: tuple[str, ...] = ()
+    #: How a delivery publishes a file on this server (``app.delivery.modes``).
+    delivery_mode: DeliveryMode = DeliveryMode.STANDARD
+    #: The partner's limit on our uploads, in bytes per second; None: as fast as the link allows.
+    bandwidth_limit: int | None = None
 
     def __post_init__(self) -> None:
         parse_credential_ref(self.credential_ref)
@@ -70,6 +77,10 @@ class DestinationConfig:
             raise InvalidDestination("ack_wait must not be negative")
         if not 1 <= self.max_sessions <= 64:
             raise InvalidDestination("max_sessions must be between 1 and 64")
+        if not isinstance(self.delivery_mode, DeliveryMode):
+            raise InvalidDestination(f"delivery_mode must be a DeliveryMode, not {self.delivery_mode!r}")
+        if self.bandwidth_limit is not None and self.bandwidth_limit < MIN_BANDWIDTH_LIMIT:
+            raise InvalidDestination(f"bandwidth_limit must be at least {MIN_BANDWIDTH_LIMIT} bytes per second")
         self.pinned_keys()
 
     @classmethod
@@ -83,7 +94,9 @@ class DestinationConfig:
                    name_and_size_identify=row["name_and_size_identify"],  # type: ignore[arg-type]
                    read_back=row["read_back"],  # type: ignore[arg-type]
                    max_sessions=row["max_sessions"],  # type: ignore[arg-type]
-                   more_host_keys=tuple(row.get("more_host_keys") or ()))  # type: ignore[arg-type]
+                   more_host_keys=tuple(row.get("more_host_keys") or ()),  # type: ignore[arg-type]
+                   delivery_mode=_mode(row.get("delivery_mode")),
+                   bandwidth_limit=row.get("bandwidth_limit"))  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         # The reference is not a secret, but a repr travels into logs and tracebacks: show its kind only.
@@ -91,7 +104,7 @@ class DestinationConfig:
         return (
             f"DestinationConfig(host={self.host!r}, port={self.port}, username={self.username!r}, "
             f"remote_dir={self.remote_dir!r}, credential={self.credential.shown}, "
-            f"capabilities={capabilities})"
+            f"capabilities={capabilities}, mode={self.delivery_mode.value})"
         )
 
     __str__ = __repr__
@@ -116,3 +129,11 @@ class DestinationConfig:
             # A bug, not a configuration: every name here is the product's own, made from a delivery key.
             raise ValueError("a file name must be a single path component")
         return posixpath.join(self.remote_dir, name)
+
+
+def _mode(value: object) -> DeliveryMode:
+    try:
+        return DeliveryMode.of(value)  # type: ignore[arg-type]
+    except ValueError:
+        # Written by a later release, or by hand: not a mode this one knows how to deliver in.
+        raise InvalidDestination(f"unknown delivery mode {value!r}") from None

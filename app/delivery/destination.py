@@ -15,6 +15,12 @@ Delivery follows the reference's rules for an upload that is safe to interrupt:
 - Otherwise ``prepare`` answers ``Ready`` (``app.delivery.upload``), whose ``complete``, after
   cutoff 2, uploads under a temporary name, renames without overwriting and confirms from evidence.
 
+The destination's delivery mode (``app.delivery.modes``) changes what may be done: in mode no-stat
+nothing is looked at, so the baseline records that nothing could be seen, nothing already there can be
+identified (so nothing is overwritten, whatever was agreed), and the no-overwrite rename is the guard;
+in mode no-rename the baseline also looks at the completion marker's name, an overwrite is never made,
+and ``prepare`` answers ``InPlace`` (``app.delivery.in_place``).
+
 ``deliver`` runs both parts back to back, for callers with no cutoff between them. Sessions come from
 ``app.delivery.sessions``, observations from ``app.delivery.listing``, the evidence types from
 ``app.delivery.evidence``; the credential is resolved (``app.delivery.credentials``) only when
@@ -29,12 +35,14 @@ from pathlib import Path
 
 from app import logs
 from app.delivery import listing, markers, preflight
-from app.delivery.classifier import DeliveryOutcome, Failed, Stage, cause_of, classify, describe
+from app.delivery.classifier import DeliveryOutcome, Failed, Stage, cause_of, classify, describe, is_status_reply
 from app.delivery.config import DestinationConfig
 from app.delivery.credentials import Credential, CredentialCache, resolve_credential
 from app.delivery.errors import CredentialError, EvidenceNotRecorded, SessionLimitReached
 from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof
-from app.delivery.session import connect
+from app.delivery.in_place import InPlace
+from app.delivery.modes import DeliveryMode
+from app.delivery.session import Session, connect
 from app.delivery.sessions import FreshSessions, SessionSource
 from app.delivery.upload import Ready, RecordEvidence
 from app.store.types import ExpectedFile, FailureCause, FailureCode
@@ -86,16 +94,19 @@ class Destination:
         """What the destination shows now under a final name (for recovery and reconciliation).
 
         Raises the connection's error if the destination cannot be reached; callers treat that as
-        "no evidence", never as absence.
+        "no evidence", never as absence. Not for a mode that allows no look (a programming error).
         """
+        if not self.config.delivery_mode.looks:
+            raise ValueError(f"mode {self.config.delivery_mode.value} allows no look at the destination")
         with connect(self.config, self._pinned, self._credential()) as session:
             return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
 
-    def check(self) -> preflight.Capabilities:
-        """What the server allows (``exports destination check``), on a session opened as a delivery's.
-        Raises the connection's error (a host key not pinned, a refused credential, no answer)."""
+    def check(self, *, ingestion_window: float | None = None) -> preflight.Capabilities:
+        """What the server allows (``exports destination check``), on a session opened as a delivery's, and
+        with ``ingestion_window`` whether the partner's ingestion takes a published file. Raises the
+        connection's error (a host key not pinned, a refused credential, no answer)."""
         with connect(self.config, self._pinned, self._credential()) as session:
-            return preflight.check(session, self.config)
+            return preflight.check(session, self.config, ingestion_window=ingestion_window)
 
     def complete_marker(self, expected: ExpectedFile, attempt_id: str) -> Listing:
         """For recovery and reconciliation: the completion marker written where the file is there as
@@ -134,9 +145,12 @@ class Destination:
         (shutdown) propagates, with the session closed.
         """
         final = expected.name
+        mode = self.config.delivery_mode
         # Programming errors, raised before anything is sent rather than classified.
         self.config.remote_path(final)
         self.config.remote_path(listing.temp_name(final, attempt_id))
+        if mode.needs_marker and expected.marker_name is None:
+            raise ValueError(f"mode {mode.value} publishes by the completion marker, and the file has none")
         source = sessions or FreshSessions()
         fields = {"attempt_id": attempt_id, "final_name": final}
         try:
@@ -154,7 +168,7 @@ class Destination:
                 log.warning("delivery.unreachable", **fields, error=describe(exc, redact=redact))
                 return Unreachable(cause_of(exc), f"connecting: {describe(exc, redact=redact)}")
             try:
-                baseline = listing.list_final(held.session, self.config, final, with_hash=True)
+                baseline = self._baseline(held.session, expected)
                 break
             except Exception as exc:
                 source.give_back(held, reusable=False)
@@ -177,13 +191,14 @@ class Destination:
             raise EvidenceNotRecorded(f"the baseline was not recorded: {describe(exc)}") from exc
         log.info("delivery.baseline", **fields, present=baseline.present, size=baseline.size, reused=held.reused)
         decision = self._decide(baseline, replacement or replacement_of is not None, replacement_of,
-                                overwrite_agreed)
+                                overwrite_agreed, expected)
         if isinstance(decision, Failed):
             source.give_back(held, reusable=True)
             log.info("delivery.refused", **fields, code=decision.code.value)
             return Refused(decision, baseline)
-        return Ready(self.config, self._pinned, source, held, credential, expected, attempt_id, baseline, decision,
-                     record_evidence)
+        kind = InPlace if mode is DeliveryMode.NO_RENAME else Ready
+        return kind(self.config, self._pinned, source, held, credential, expected, attempt_id, baseline, decision,
+                    record_evidence)
 
     def deliver(self, local_path: Path | str, expected: ExpectedFile, *, attempt_id: str, replacement: bool = False,
                 replacement_of: ExpectedFile | None = None, overwrite_agreed: bool = False,
@@ -207,10 +222,29 @@ class Destination:
                 return Failed(FailureCode.NOT_DELIVERED, f"no write was sent (connect): {detail}", cause)
         raise AssertionError(f"unexpected preparation {prepared!r}")
 
+    def _baseline(self, session: Session, expected: ExpectedFile) -> Listing:
+        """The look before the upload: the final name (with its marker's name in mode no-rename, where the
+        marker is what publishes); in mode no-stat, a request that proves the session alive and a
+        record that nothing could be seen."""
+        mode = self.config.delivery_mode
+        if not mode.looks:
+            _alive(session)
+            return Listing.not_looked(expected.name)
+        marker_name = expected.marker_name if mode is DeliveryMode.NO_RENAME else None
+        return listing.list_final(session, self.config, expected.name, with_hash=True, marker_name=marker_name)
+
     def _decide(
-        self, baseline: Listing, replacement: bool, replacement_of: ExpectedFile | None, overwrite_agreed: bool
+        self, baseline: Listing, replacement: bool, replacement_of: ExpectedFile | None, overwrite_agreed: bool,
+        expected: ExpectedFile,
     ) -> bool | Failed:
-        """False: upload with the no-overwrite rename; True: overwrite by agreement; or Failed."""
+        """False: upload without overwriting; True: overwrite by agreement; or Failed."""
+        mode = self.config.delivery_mode
+        if not baseline.observed:
+            # Nothing can be identified, so nothing is overwritten: the no-overwrite rename guards the name.
+            return False
+        if mode is DeliveryMode.NO_RENAME and baseline.marker is not None and not baseline.occupied:
+            return Failed(FailureCode.FINAL_NAME_OCCUPIED, f"the completion marker's name {expected.marker_name} "
+                                                           "already exists; uploaded nothing")
         if not baseline.occupied:
             return False
         if not replacement:
@@ -222,10 +256,23 @@ class Destination:
         if proof.strong or (proof is Proof.NAME_AND_SIZE and self.config.name_and_size_identify):
             return Failed(FailureCode.ORIGINAL_DELIVERED, f"the final name holds the original's delivery "
                                                           f"(identified by {proof.value}); uploaded nothing")
-        if overwrite_agreed:
+        if overwrite_agreed and mode.renames:
             return True
+        if overwrite_agreed:
+            return Failed(FailureCode.FINAL_NAME_OCCUPIED, f"the final name holds a file; mode {mode.value} never "
+                                                           "overwrites (it cannot rename over it); uploaded nothing")
         return Failed(FailureCode.FINAL_NAME_OCCUPIED, "the final name holds a file not identified as the original's "
                                                        "and no overwrite is agreed; uploaded nothing")
+
+
+def _alive(session: Session) -> None:
+    """One round trip that needs no look (REALPATH of the working directory): a warm session that died
+    raises here, before anything is uploaded. A refusal is an answer, so the session is alive."""
+    try:
+        session.sftp.normalize(".")
+    except OSError as exc:
+        if not is_status_reply(exc):
+            raise
 
 
 #: What ``prepare`` answers: ready to deliver after cutoff 2, refused by the baseline, or unreachable.

@@ -28,6 +28,11 @@ class Proof(enum.Enum):
     NONE = "none"
     #: Name and size fit and nothing contradicts them: weak, different exports can share a size.
     NAME_AND_SIZE = "name-and-size"
+    #: The server acknowledged this attempt's rename of its whole, verified upload onto the final name
+    #: (and of its marker): the receipt of the modes that cannot look, or whose partner takes the file at
+    #: once (``DeliveryMode.rename_answer_is_receipt``). It proves this attempt published the file, and
+    #: identifies nothing already there.
+    RENAME_ACKNOWLEDGED = "rename-acknowledged"
     #: A sha256 of the remote file (server-side or read back) equals the expected one.
     CHECKSUM = "checksum"
     #: The partner's acknowledgment names the expected sha256.
@@ -60,6 +65,14 @@ class Listing:
     observed_at: datetime = field(default_factory=_now, compare=False)
     #: The sha256 (hex) of our completion marker's content, where the profile writes one and it is there.
     marker: str | None = None
+    #: False when the delivery mode allows no look (``DeliveryMode.NO_STAT``): nothing is known of the
+    #: name, and ``present`` says nothing.
+    observed: bool = True
+
+    @classmethod
+    def not_looked(cls, final_name: str) -> Listing:
+        """The baseline of a mode that may not look (``DeliveryMode.NO_STAT``): nothing is known."""
+        return cls(final_name=final_name, present=False, observed=False)
 
     @property
     def occupied(self) -> bool:
@@ -127,6 +140,7 @@ class Listing:
             "observed_at": self.observed_at.isoformat(),
             # Only where there is one: a listing without a marker serialises as it always did.
             **({"marker": self.marker} if self.marker is not None else {}),
+            **({} if self.observed else {"observed": False}),
         }
 
     @classmethod
@@ -148,6 +162,7 @@ class Listing:
             ack=_optional(payload, "ack", str),
             observed_at=datetime.fromisoformat(observed_at) if observed_at else _now(),
             marker=_optional(payload, "marker", str),
+            observed=_optional(payload, "observed", bool) is not False,
         )
 
 
@@ -159,6 +174,10 @@ class EvidenceStage(enum.StrEnum):
     RENAME_REFUSED = "rename-refused"
     INTERRUPTED = "interrupted"
     INSPECTED = "inspected"
+    #: Not a look: what the server's answers showed, a whole upload of ``size`` bytes renamed onto the
+    #: final name (and the marker renamed, where ``marker`` is set). Taken in the modes whose receipt is
+    #: the rename's answer.
+    RENAMED = "renamed"
 
 
 @dataclass(frozen=True)

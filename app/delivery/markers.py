@@ -1,7 +1,8 @@
 """Writing a completion marker: after the file, ``<file>.done`` or ``<file>.manifest.json`` with the content
 cutoff 2 recorded, the way the file itself is published (an exclusive create under a temporary name, then
 the rename that refuses an existing target), so a marker is whole whenever it is there, and never
-written over one already there.
+written over one already there. In mode no-rename, whose server cannot rename, it is created in place
+by an exclusive create instead (``app.delivery.in_place``), which never writes over one either.
 
 The delivery writes it right after confirming the file; recovery and reconciliation write it for an
 attempt whose file they prove but whose marker is missing (a worker lost between the two renames), on
@@ -21,6 +22,10 @@ def write_marker(session: Session, config: DestinationConfig, expected: Expected
     """Writes the marker; raises the server's refusal (a name already taken) or the connection's error,
     after removing the temporary file where it may remain."""
     assert expected.marker_name is not None and expected.marker is not None
+    if not config.delivery_mode.renames:
+        with session.sftp.open(config.remote_path(expected.marker_name), "wbx") as out:
+            out.write(expected.marker)
+        return
     temp = config.remote_path(listing.temp_name(expected.marker_name, attempt_id))
     try:
         with session.sftp.open(temp, "wbx") as out:

@@ -18,7 +18,8 @@ import functools
 import hashlib
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,12 @@ WRITES_IN_FLIGHT = 64
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 #: Seconds between SSH keepalives on an open session, so an idle warm session is not dropped unseen.
 KEEPALIVE_SECONDS = 15
+#: Under a bandwidth limit, a write request carries at most this many seconds of the allowance (so the
+#: upload's pace is smooth, never a burst then a long pause) ...
+PACED_WRITE_SECONDS = 0.125
+#: ... and the upload waits for its allowance in sleeps no longer than this, in seconds: an asynchronous
+#: exception (a worker's shutdown, a time limit) is delivered between two of them, never after a long one.
+PACE_SLICE_SECONDS = 0.05
 
 
 @dataclass
@@ -68,12 +75,20 @@ class Session:
             except Exception:  # closing a dead connection is allowed to fail
                 pass
 
-    def upload(self, local_path: Path, remote_path: str) -> tuple[int, bytes]:
+    def upload(self, local_path: Path, remote_path: str, *, bandwidth_limit: int | None = None,
+               opened: Callable[[], None] | None = None) -> tuple[int, bytes]:
         """Writes the local file to ``remote_path``, which must not exist (an exclusive create), and
         returns the size and sha256 of what was sent, once the server has acknowledged every write.
         Raises the server's refusal of a write, and a broken or silent connection's error: every wait,
-        for the channel's window or for a reply, is bounded by the channel's timeout."""
+        for the channel's window or for a reply, is bounded by the channel's timeout.
+
+        ``bandwidth_limit`` (bytes per second) paces the writes; ``opened`` is called once the exclusive
+        create succeeded, so a caller knows the name holds a file it wrote."""
         write_size = self.write_size()
+        pace = None
+        if bandwidth_limit is not None:
+            pace = _Pace(bandwidth_limit)
+            write_size = max(1024, min(write_size, int(bandwidth_limit * PACED_WRITE_SECONDS)))
         digest = hashlib.sha256()
         replies = _WriteReplies(self.sftp)
         offset = 0
@@ -81,7 +96,11 @@ class Session:
         # 100 are out and one has arrived, which empties the pipe; and it drops the replies left at
         # close unread. Here a window of writes stays in flight and every reply is checked.
         with local_path.open("rb") as source, self.sftp.open(remote_path, "wbx") as target:
+            if opened is not None:
+                opened()
             while chunk := source.read(write_size):
+                if pace is not None:
+                    pace.wait_for(offset)
                 replies.sent(self.sftp._async_request(replies, CMD_WRITE, target.handle, int64(offset), chunk))
                 digest.update(chunk)
                 offset += len(chunk)
@@ -132,6 +151,18 @@ class Session:
             while chunk := remote.read(CHUNK_SIZE):
                 digest.update(chunk)
         return digest.digest()
+
+
+class _Pace:
+    """A bandwidth limit: how long an upload waits before it may send the bytes past ``offset``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.started = time.monotonic()
+
+    def wait_for(self, offset: int) -> None:
+        while (ahead := offset / self.limit - (time.monotonic() - self.started)) > 0:
+            time.sleep(min(ahead, PACE_SLICE_SECONDS))
 
 
 class _WriteReplies:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof, Receipt
+from app.delivery.modes import DeliveryMode
 from app.store.types import ExpectedFile, Status
 
 #: The stage of the record the runner appends with the attempt's own outcome (and its receipt).
@@ -53,7 +54,7 @@ def parse_evidence(details: Iterable[str | None]) -> AttemptEvidence:
         if payload.get("stage") == OUTCOME_STAGE:
             receipt = _parsed(Receipt.from_dict, payload.get("receipt"))
             if receipt is not None:
-                observations.append((EvidenceStage.RECEIPT.value, receipt.evidence.listing))
+                observations.append((receipt.evidence.stage.value, receipt.evidence.listing))
             continue
         evidence = _parsed(Evidence.from_dict, payload)
         if evidence is None:
@@ -109,19 +110,41 @@ def proves_delivery(listing: Listing, expected: ExpectedFile, baseline: Listing,
     return proof
 
 
+def acknowledged_rename(listing: Listing, expected: ExpectedFile) -> bool:
+    """A ``RENAMED`` record of the expected file: the whole upload renamed onto its name, and its marker
+    where the profile writes one."""
+    return (listing.final_name == expected.name and listing.present and listing.size == expected.size
+            and listing.marker_matches(expected))
+
+
 def decide_delivery(expected: ExpectedFile | None, *, replacement: bool, evidence: AttemptEvidence,
-                    listing: Listing | None, inspect_error: str | None) -> DeliveryVerdict:
+                    listing: Listing | None, inspect_error: str | None,
+                    mode: DeliveryMode = DeliveryMode.STANDARD) -> DeliveryVerdict:
     """Completed only on evidence that matches the expected file; OutcomeUnknown otherwise, never
     Failed. An original's name is unique to its delivery key, so without a recorded baseline it was
     absent. A replacement shares its original's name: without its own baseline, a file there may be
-    the original's, so nothing can prove this attempt delivered."""
+    the original's, so nothing can prove this attempt delivered.
+
+    ``mode`` is the one cutoff 2 recorded. Where the rename's answer is the receipt (no-stat,
+    quick-ingest), this attempt's acknowledged rename proves the delivery whatever a look shows now
+    (the partner may have taken the file); in no-stat it is the only proof, since nothing may be looked at."""
     if expected is None:
         return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN, "no expected file recorded at cutoff 2")
+    renamed = EvidenceStage.RENAMED.value
+    if mode.rename_answer_is_receipt and any(
+            stage == renamed and acknowledged_rename(observed, expected) for stage, observed in evidence.observations):
+        return DeliveryVerdict(Resolution.COMPLETED, f"the server acknowledged this attempt's rename of the "
+                                                     f"expected file ({Proof.RENAME_ACKNOWLEDGED.value})")
+    if not mode.looks:
+        return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN, f"mode {mode.value}: only this attempt's acknowledged "
+                                                           "rename proves a delivery, and none is recorded; the "
+                                                           "partner's word settles it")
     if replacement and evidence.baseline is None:
         return DeliveryVerdict(Resolution.OUTCOME_UNKNOWN,
                                "replacement without a recorded baseline: a file under its name may be the original's")
     baseline = evidence.baseline or Listing(final_name=expected.name, present=False)
-    candidates = list(evidence.observations)
+    # A rename's answer is not a look: where it is no receipt it proves nothing.
+    candidates = [(stage, observed) for stage, observed in evidence.observations if stage != renamed]
     if listing is not None:
         candidates.append(("destination", listing))
     for source, observed in candidates:

@@ -16,16 +16,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 from uuid import UUID
 
 from app import logs
 from app.config import ConfigError, Settings
-from app.delivery.config import DestinationConfig
-from app.delivery.destination import Destination
-from app.delivery.evidence import Evidence, EvidenceStage, Listing
+from app.delivery.evidence import Evidence, EvidenceStage
+from app.delivery.modes import DeliveryMode
 from app.delivery.verdicts import (
     AttemptEvidence,
     DeliveryVerdict,
@@ -34,7 +32,8 @@ from app.delivery.verdicts import (
     expected_file,
     parse_evidence,
 )
-from app.store import directory, export, recovery
+from app.maintenance.inspection import DestinationInspector, FinishMarker, InspectDestination, MarkerFinisher
+from app.store import export, recovery
 from app.store.database import Database
 from app.store.recovery import ExpiredAttempt, InspectionClaim, UnknownOutcome
 from app.store.types import ExpectedFile, FailureCode, Status
@@ -47,46 +46,6 @@ DEFAULT_RECOVERY_BATCH = 100
 DEFAULT_RECONCILE_BATCH = 200
 #: Longest evidence summary recorded in an event's detail, in characters.
 MAX_SUMMARY_CHARS = 300
-
-
-InspectDestination = Callable[[ExpiredAttempt], "Listing | None"]
-#: Writes an attempt's missing completion marker where its file is there as recorded (for an expired
-#: Delivering attempt or an OutcomeUnknown one), and answers what the destination shows then.
-FinishMarker = Callable[["ExpiredAttempt | UnknownOutcome", ExpectedFile], "Listing | None"]
-
-
-class DestinationInspector:
-    """The default ``inspect_destination``: lists the expected final name on the job's destination,
-    built from its row. None when there is nothing to look at."""
-
-    def __init__(self, db: Database):
-        self.db = db
-
-    def __call__(self, job: ExpiredAttempt) -> Listing | None:
-        if job.expected_file_name is None:
-            return None
-        with self.db.connection() as conn:
-            row = directory.read_destination(conn, tenant_id=job.tenant_id, destination_id=job.destination_id)
-        if row is None:
-            return None
-        return Destination(DestinationConfig.from_row(row)).inspect(job.expected_file_name,
-                                                                    marker_name=job.expected_marker_name)
-
-
-class MarkerFinisher:
-    """The default ``finish_marker``: ``Destination.complete_marker`` on the job's destination."""
-
-    def __init__(self, db: Database):
-        self.db = db
-
-    def __call__(self, job: ExpiredAttempt | UnknownOutcome, expected: ExpectedFile) -> Listing | None:
-        if job.destination_id is None or job.attempt_id is None:
-            return None
-        with self.db.connection() as conn:
-            row = directory.read_destination(conn, tenant_id=job.tenant_id, destination_id=job.destination_id)
-        if row is None:
-            return None
-        return Destination(DestinationConfig.from_row(row)).complete_marker(expected, str(job.attempt_id))
 
 
 @dataclass(frozen=True)
@@ -312,7 +271,8 @@ class Recovery:
                                  job.expected_marker_name, job.expected_marker)
         evidence = parse_evidence(recovery.evidence_details(conn, job_id=job.job_id, attempt_id=job.attempt_id))
         verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
-                                  listing=listing, inspect_error=inspect_error)
+                                  listing=listing, inspect_error=inspect_error,
+                                  mode=DeliveryMode.of(job.expected_delivery_mode))
         if listing is not None:
             # What recovery saw is evidence too, kept with its provenance before the resolution is
             # written; appending never changes the status.
@@ -326,13 +286,14 @@ class Recovery:
         its file but not the marker (its worker lost between the two renames); None where there is
         nothing to finish or finishing it failed. The marker goes only where the file is there as
         recorded; what the destination shows afterwards is appended as evidence and decides."""
+        mode = DeliveryMode.of(job.expected_delivery_mode)
         if verdict.resolution is Resolution.COMPLETED or expected is None or expected.marker is None \
-                or job.attempt_id is None or job.attempt_id in self._markers_tried:
+                or job.attempt_id is None or job.attempt_id in self._markers_tried or not mode.looks:
             return None
         replacement = job.replaces_job_id is not None
         unmarked = dataclasses.replace(expected, marker_name=None, marker=None)
         if decide_delivery(unmarked, replacement=replacement, evidence=evidence, listing=None,
-                           inspect_error=None).resolution is not Resolution.COMPLETED:
+                           inspect_error=None, mode=mode).resolution is not Resolution.COMPLETED:
             return None
         try:
             listing = self.finish_marker(job, expected)
@@ -349,7 +310,7 @@ class Recovery:
         export.append_evidence(conn, job_id=job.job_id, attempt_id=job.attempt_id, observed_by=run_id,
                                detail=Evidence(EvidenceStage.INSPECTED, listing, str(job.attempt_id)).to_detail())
         finished = decide_delivery(expected, replacement=replacement, evidence=evidence, listing=listing,
-                                   inspect_error=None)
+                                   inspect_error=None, mode=mode)
         log.info("recovery.marker_finished", job_id=job.job_id, attempt_id=job.attempt_id, run_id=run_id,
                  marker=expected.marker_name, resolution=finished.resolution.value)
         return finished
@@ -390,7 +351,8 @@ class Recovery:
             expected = expected_file(job.expected_file_name, job.expected_file_bytes, job.expected_file_sha256,
                                      job.expected_marker_name, job.expected_marker)
             verdict = decide_delivery(expected, replacement=job.replaces_job_id is not None, evidence=evidence,
-                                      listing=None, inspect_error=None)
+                                      listing=None, inspect_error=None,
+                                      mode=DeliveryMode.of(job.expected_delivery_mode))
             verdict = self._marker_finished(conn, job, expected, evidence, verdict, run_id) or verdict
             if verdict.resolution is not Resolution.COMPLETED:
                 self._unproven[job.job_id] = (job.attempt_id, job.last_event_id)

@@ -44,6 +44,10 @@ class NewDestination:
     max_sessions: int = 4
     #: Automatic retries of a proven non-delivery per delivery key; 0: off.
     auto_retries: int = 3
+    #: How a delivery publishes a file on the partner's server (``app.delivery.modes.DeliveryMode``'s value).
+    delivery_mode: str = "standard"
+    #: The partner's limit on our uploads, in bytes per second; None: none.
+    bandwidth_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,16 @@ def remove_host_key(conn: psycopg.Connection, *, tenant_id: UUID, destination_id
     row = connector.fetch_one(conn, "directory_remove_host_key",
                               dict(tenant_id=tenant_id, destination_id=destination_id, line=line))
     return None if row is None else int(row["pinned"])
+
+
+def set_delivery(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID, delivery_mode: str | None,
+                 set_limit: bool, bandwidth_limit: int | None) -> dict[str, Any] | None:
+    """Sets the delivery mode (unless None) and, with ``set_limit``, the bandwidth limit (None: none); answers
+    both as written, or None when nothing matched: no such destination of the tenant, or mode no-rename for a
+    profile without a completion marker."""
+    return connector.fetch_one(conn, "directory_set_delivery", dict(
+        tenant_id=tenant_id, destination_id=destination_id, delivery_mode=delivery_mode, set_limit=set_limit,
+        bandwidth_limit=bandwidth_limit))
 
 
 def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> dict[str, Any] | None:

@@ -217,29 +217,29 @@ def _transitions(name: str, row: dict[str, object] | None, evidence: Sequence[st
 def try_authorize_delivery(
     conn: psycopg.Connection, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
     replaces_job_id: UUID | None, evidence: Sequence[str] = (), observed_by: str | None = None,
-    profile_version: int | None = None,
+    profile_version: int | None = None, delivery_mode: str = "standard",
 ) -> int:
     """Cutoff 2, appending the evidence gathered before it (the baseline) in the same statement, and
-    recording the profile version the file was built with."""
+    recording the profile version the file was built with and the delivery mode it is published in."""
     row = connector.fetch_one(conn, "export_authorize_delivery", dict(
         job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, replaces_job_id=replaces_job_id,
         final_name=expected.name, length=expected.size, sha256=expected.sha256, evidence=list(evidence),
         observed_by=observed_by, profile_version=profile_version, marker_name=expected.marker_name,
-        marker=expected.marker, snapshot=expected.snapshot))
+        marker=expected.marker, snapshot=expected.snapshot, delivery_mode=delivery_mode))
     return _transitions("export_authorize_delivery", row, evidence)
 
 
 def authorize_delivery(
     db: Database, *, job_id: UUID, tenant_id: UUID, attempt_id: UUID, expected: ExpectedFile,
     replaces_job_id: UUID | None, evidence: Sequence[str] = (), observed_by: str | None = None,
-    profile_version: int | None = None,
+    profile_version: int | None = None, delivery_mode: str = "standard",
 ) -> AuthorizationResult:
     """Cutoff 2. On 0 or a lost response, the re-read says why delivery was refused. Authorized means the
     evidence was appended too (the same statement committed)."""
     inserted = _attempt(db, lambda conn: try_authorize_delivery(
         conn, job_id=job_id, tenant_id=tenant_id, attempt_id=attempt_id, expected=expected,
         replaces_job_id=replaces_job_id, evidence=evidence, observed_by=observed_by,
-        profile_version=profile_version))
+        profile_version=profile_version, delivery_mode=delivery_mode))
     if inserted == 1:
         return AuthorizationResult.AUTHORIZED
     row = _reread(db, job_id)

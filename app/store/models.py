@@ -40,6 +40,8 @@ class Destination(peewee.Model):
     profile_version = peewee.IntegerField()
     file_sequence = peewee.BigIntegerField()
     more_host_keys = peewee.TextField()   # text[]; read through app.store.directory
+    delivery_mode = peewee.TextField()
+    bandwidth_limit = peewee.BigIntegerField(null=True)
 
     class Meta:
         table_name = "destinations"
@@ -119,6 +121,7 @@ class ExportJob(peewee.Model):
     incremental = peewee.BooleanField()
     incremental_since = peewee.TextField(null=True)   # pg_snapshot, read as its text
     expected_snapshot = peewee.TextField(null=True)   # pg_snapshot, read as its text
+    expected_delivery_mode = peewee.TextField(null=True)
 
     class Meta:
         table_name = "export_jobs"

@@ -38,6 +38,8 @@ class ExpiredAttempt:
     #: The completion marker cutoff 2 recorded, if the profile writes one.
     expected_marker_name: str | None = None
     expected_marker: bytes | None = None
+    #: The delivery mode cutoff 2 recorded (``app.delivery.modes``); None before it was recorded: standard.
+    expected_delivery_mode: str | None = None
 
 
 def scan_expired(conn: psycopg.Connection, *, batch_size: int = 100) -> list[ExpiredAttempt]:
@@ -50,7 +52,7 @@ def scan_expired(conn: psycopg.Connection, *, batch_size: int = 100) -> list[Exp
             expected_file_bytes=r["expected_file_bytes"],
             expected_file_sha256=_bytes(r["expected_file_sha256"]),
             destination_id=r["destination_id"], expected_marker_name=r["expected_marker_name"],
-            expected_marker=_bytes(r["expected_marker"]))
+            expected_marker=_bytes(r["expected_marker"]), expected_delivery_mode=r["expected_delivery_mode"])
         for r in rows
     ]
 
@@ -119,6 +121,7 @@ class UnknownOutcome:
     expected_marker: bytes | None = None
     #: Where reconciliation finishes a missing completion marker.
     destination_id: UUID | None = None
+    expected_delivery_mode: str | None = None
 
 
 def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_size: int) -> list[UnknownOutcome]:
@@ -129,7 +132,7 @@ def scan_outcome_unknown(conn: psycopg.Connection, *, after: UUID | None, batch_
                            expected_file_bytes=r["expected_file_bytes"],
                            expected_file_sha256=_bytes(r["expected_file_sha256"]), last_event_id=r["last_event_id"],
                            expected_marker_name=r["expected_marker_name"], expected_marker=_bytes(r["expected_marker"]),
-                           destination_id=r["destination_id"])
+                           destination_id=r["destination_id"], expected_delivery_mode=r["expected_delivery_mode"])
             for r in rows]
 
 

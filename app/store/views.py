@@ -96,6 +96,8 @@ class Job:
     incremental_since: str | None
     #: Recorded at cutoff 2 for an incremental export: the snapshot its build read, the next run's watermark.
     expected_snapshot: str | None
+    #: Recorded at cutoff 2: how the file is published (``app.delivery.modes``).
+    expected_delivery_mode: str | None
 
 
 @dataclass(frozen=True)

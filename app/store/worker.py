@@ -22,7 +22,7 @@ from app.store.types import ExpectedFile, Status
 #: The destination columns ``worker_read_job`` reads, as ``DestinationConfig.from_row`` names them.
 DESTINATION_COLUMNS = ("host", "port", "username", "remote_dir", "host_key", "credential_ref", "remote_hash",
                        "acknowledgments", "name_and_size_identify", "read_back", "active", "max_sessions",
-                       "auto_retries", "more_host_keys")
+                       "auto_retries", "more_host_keys", "delivery_mode", "bandwidth_limit")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ SELECT id, tenant_id, status, version, destination_id, attempt_id, attempt_count
        delivery_key, replaces_job_id, created_by, replacement_reason, overwrite_agreement_ref,
        sweep_count, created_at, deferrals, deferred_since, last_deferral, expected_profile_version,
        expected_marker_name, expected_marker, schedule_id, schedule_slot, incremental,
-       incremental_since::text, expected_snapshot::text
+       incremental_since::text, expected_snapshot::text, expected_delivery_mode
 FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s
 FOR UPDATE;
 

@@ -12,10 +12,10 @@ RETURNING id;
 WITH destination AS (
     INSERT INTO destinations (id, tenant_id, name, host, port, username, remote_dir, host_key, credential_ref,
                               remote_hash, acknowledgments, name_and_size_identify, read_back, max_sessions,
-                              auto_retries, profile_version)
+                              auto_retries, profile_version, delivery_mode, bandwidth_limit)
     VALUES (%(destination_id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(remote_dir)s,
             %(host_key)s, %(credential_ref)s, %(remote_hash)s, %(acknowledgments)s, %(name_and_size_identify)s,
-            %(read_back)s, %(max_sessions)s, %(auto_retries)s, 1)
+            %(read_back)s, %(max_sessions)s, %(auto_retries)s, 1, %(delivery_mode)s, %(bandwidth_limit)s)
     RETURNING id)
 INSERT INTO delivery_profiles (destination_id, version, profile, created_by)
 SELECT id, 1, %(profile)s, %(created_by)s FROM destination
@@ -58,7 +58,8 @@ COPY contacts (tenant_id, email, full_name, company, phone, consent, attributes)
 -- name: directory_read_destination
 -- The job's destination, only if it belongs to the job's tenant.
 SELECT id, tenant_id, host, port, username, remote_dir, host_key, credential_ref, remote_hash,
-       acknowledgments, name_and_size_identify, read_back, active, max_sessions, auto_retries, more_host_keys
+       acknowledgments, name_and_size_identify, read_back, active, max_sessions, auto_retries, more_host_keys,
+       delivery_mode, bandwidth_limit
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
 
 -- name: directory_add_host_key
@@ -78,3 +79,17 @@ SET host_key = CASE WHEN host_key = %(line)s THEN more_host_keys[1] ELSE host_ke
 WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND cardinality(more_host_keys) > 0
   AND (host_key = %(line)s OR %(line)s = ANY (more_host_keys))
 RETURNING cardinality(more_host_keys) + 1 AS pinned;
+
+-- name: directory_set_delivery
+-- The destination's delivery mode and bandwidth limit (each only when given: a NULL mode keeps the mode,
+-- and the limit is written only with set_limit). Mode no-rename publishes a file by its completion marker,
+-- so it is written only while the current profile writes one; matches nothing otherwise.
+UPDATE destinations d
+SET delivery_mode = coalesce(%(delivery_mode)s, d.delivery_mode),
+    bandwidth_limit = CASE WHEN %(set_limit)s THEN %(bandwidth_limit)s::bigint ELSE d.bandwidth_limit END
+WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
+  AND (coalesce(%(delivery_mode)s, d.delivery_mode) <> 'no-rename'
+       OR EXISTS (SELECT 1 FROM delivery_profiles p
+                  WHERE p.destination_id = d.id AND p.version = d.profile_version
+                    AND coalesce(p.profile->>'marker', 'none') <> 'none'))
+RETURNING delivery_mode, bandwidth_limit;

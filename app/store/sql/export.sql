@@ -102,6 +102,7 @@ authorized AS (
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
         expected_profile_version = %(profile_version)s, expected_marker_name = %(marker_name)s,
         expected_marker = %(marker)s, expected_snapshot = %(snapshot)s::pg_snapshot,
+        expected_delivery_mode = %(delivery_mode)s,
         delivery_authorized_at = clock_timestamp()
     WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL

@@ -8,7 +8,7 @@
 -- is volatile and would be re-evaluated against every Running and Delivering row.
 SELECT id, tenant_id, attempt_id, status, stop_request_id, attempt_count, deferrals, replaces_job_id,
        expected_file_name, expected_file_bytes, expected_file_sha256, expected_marker_name, expected_marker,
-       destination_id
+       destination_id, expected_delivery_mode
 FROM export_jobs
 WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())
 ORDER BY lease_expires_at
@@ -120,7 +120,7 @@ ORDER BY id;
 -- the id of its attempt's newest event (an index-only look at ix_export_attempt_events_attempt): a job
 -- whose evidence was judged at that id need not be read again until something is appended.
 SELECT j.id, j.tenant_id, j.attempt_id, j.replaces_job_id, j.expected_file_name, j.expected_file_bytes,
-       j.expected_file_sha256, j.expected_marker_name, j.expected_marker, j.destination_id,
+       j.expected_file_sha256, j.expected_marker_name, j.expected_marker, j.destination_id, j.expected_delivery_mode,
        (SELECT max(e.id) FROM export_attempt_events e
         WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id) AS last_event_id
 FROM export_jobs j

@@ -43,11 +43,23 @@ The rules, as ``docs/protocol.md`` states the promises:
   deferral's wake-up, waiting for its time).
 - ``slot-not-once``: a schedule's slot recorded without its one export, an export of a schedule that is
   not its slot's, two exports of one slot, or a cron slot never decided (``exports_devtools.chaos.slots``).
+
+- ``mode-evidence``: an attempt judged against the rules of another delivery mode than the one its
+  cutoff 2 recorded (``docs/protocol.md``, "Delivery modes"): a look at the destination (any evidence
+  but the unlooked baseline, a refused rename's answer and the rename's acknowledgment) for an attempt in
+  no-stat, which allows none; a Completed whose proof is the rename's answer in a mode where a look is
+  the receipt (standard, no-rename); or a no-stat attempt Completed with no acknowledged rename of its
+  own, unless a person reconciled or corrected it.
+
+A partner whose ingestion takes files away (``ingested_dirs``: where it puts them) still has them: a
+key's files are looked for there too, and a Completed job's file is found there when its directory no
+longer holds it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +68,8 @@ from uuid import UUID
 
 import psycopg
 
+from app.delivery.evidence import EvidenceStage, Proof
+from app.delivery.modes import DeliveryMode
 from app.maintenance.scavenger import EXPORT_FILE
 from app.store.types import CancellationOutcome, EventKind, Status
 from exports_devtools.chaos.history import as_history, job_history
@@ -72,7 +86,9 @@ Row = dict[str, Any]
 
 RULES = ("two-final-files", "file-after-cancel", "unaccounted-final-file", "completed-file-mismatch",
          "unsettled-at-end", "event-mismatch", "resolved-without-evidence", "double-click-differs",
-         "orphan-local-file", "outbox-not-drained", "slot-not-once")
+         "orphan-local-file", "outbox-not-drained", "slot-not-once", "mode-evidence")
+#: What an attempt in a mode that allows no look may record without looking.
+_NOT_LOOKS = frozenset({EvidenceStage.RENAMED.value, EvidenceStage.RENAME_REFUSED.value, "outcome"})
 
 _LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.DELIVERING})
 _ENDED_BY_OPERATOR = frozenset({Status.CANCELED, Status.STOPPED, Status.REJECTED})
@@ -160,7 +176,7 @@ class _Judge:
             return
         name = job["file_name"]
         directory = job["remote_dir"] or self.default_dir
-        present = self.partner.file(directory, name)
+        present = self.partner.file(directory, name) or self.partner.ingested(name)
         expected_name, size, sha = job["expected_file_name"], job["expected_file_bytes"], job["expected_file_sha256"]
         wrong = []
         if expected_name is None or size is None or sha is None:
@@ -177,7 +193,7 @@ class _Judge:
         marker_name, marker = job["expected_marker_name"], job["expected_marker"]
         if marker_name is not None:
             # A partner that ingests on the marker has nothing until it is there, as recorded.
-            found = self.partner.file(directory, marker_name)
+            found = self.partner.file(directory, marker_name) or self.partner.ingested(marker_name)
             if found is None:
                 wrong.append(f"its completion marker {self.partner.relative(directory, marker_name)} is missing")
             elif marker is not None and found.sha256 != hashlib.sha256(bytes(marker)).hexdigest():
@@ -267,6 +283,34 @@ class _Judge:
                           "between its cutoff 2 and this resolution"
                           + ("" if operator is None else " and no cited evidence"))
 
+    # 11: the delivery mode's rules -----------------------------------------------------------------
+
+    def mode_evidence(self) -> None:
+        by_person = {(r.job_id, r.attempt_id) for r in self.ledger.reconciliations}
+        for job in self.snapshot.jobs:
+            if job["expected_delivery_mode"] is None or job["attempt_id"] is None:
+                continue
+            mode = DeliveryMode.of(job["expected_delivery_mode"])
+            mine = [e for e in self.events(job["id"]) if e["attempt_id"] == job["attempt_id"]]
+            records = [r for e in mine if e["kind"] == EventKind.DELIVERY_EVIDENCE
+                       and (r := _record(e["detail"])) is not None]
+            stages = {r.get("stage") for r in records}
+            proofs = {(r.get("receipt") or {}).get("proof") for r in records if r.get("stage") == "outcome"}
+            if not mode.looks:
+                looked = sorted(str(r.get("stage")) for r in records
+                                if r.get("stage") not in _NOT_LOOKS and r.get("observed") is not False)
+                if looked:
+                    self.flag("mode-evidence", job["id"], f"mode {mode.value} allows no look, yet {looked} looked")
+            if Proof.RENAME_ACKNOWLEDGED.value in proofs and not mode.rename_answer_is_receipt:
+                self.flag("mode-evidence", job["id"], f"Completed on the rename's answer in mode {mode.value}, "
+                                                      "where only a look is a receipt")
+            settled_by_person = (job["id"], job["attempt_id"]) in by_person or any(
+                e["kind"] == EventKind.CORRECTED for e in mine)
+            if job["status"] == Status.COMPLETED and not mode.looks and EvidenceStage.RENAMED.value not in stages \
+                    and not settled_by_person:
+                self.flag("mode-evidence", job["id"], f"Completed in mode {mode.value} with no acknowledged rename "
+                                                      "of its own and no person's word")
+
     # 7 and 8 ---------------------------------------------------------------------------------------
 
     def double_clicks(self) -> None:
@@ -291,7 +335,7 @@ class _Judge:
 
 
 def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str, partner_renames: Mapping[str, int],
-          work_dirs: Sequence[Path], ledger: Ledger) -> list[Violation]:
+          work_dirs: Sequence[Path], ledger: Ledger, ingested_dirs: Sequence[str] = ()) -> list[Violation]:
     """Every broken promise, once the system has settled and the scavenger has run. ``conn`` is an
     owner connection in autocommit mode with dict rows (``exports_devtools.store.owner.connect_owner``);
     ``partner_renames`` counts the partner's successful renames onto each final path (``"inbox/<name>"``,
@@ -305,7 +349,7 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
         name = path.rsplit("/", 1)[-1]
         renames[name] = renames.get(name, 0) + count
     snapshot = store.read_history(conn)
-    partner = Partner(partner_root, [remote_dir, *snapshot.remote_dirs])
+    partner = Partner(partner_root, [remote_dir, *snapshot.remote_dirs], ingested=ingested_dirs)
     judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger)
     judge.final_files()
     judge.cancels_before_cutoff_2()
@@ -314,4 +358,14 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     judge.evidence()
     judge.double_clicks()
     judge.local_files()
+    judge.mode_evidence()
     return judge.violations() + slot_violations(store.read_slots(conn))
+
+
+def _record(detail: str | None) -> dict[str, Any] | None:
+    """An evidence detail as the delivery and recovery write it (JSON); None for any other text."""
+    try:
+        payload = json.loads(detail or "")
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None

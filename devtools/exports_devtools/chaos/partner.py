@@ -25,9 +25,11 @@ class PartnerFile:
 class Partner:
     """The partner's final files in each destination's directory, hashed once each."""
 
-    def __init__(self, root: Path, directories: Iterable[str | None]):
+    def __init__(self, root: Path, directories: Iterable[str | None], *, ingested: Iterable[str] = ()):
         self.root = root
         self.directories = sorted({d.strip("/") for d in directories if d is not None})
+        #: Where the partner's ingestion moves what it takes: its files are still the partner's.
+        self.ingested_dirs = sorted({d.strip("/") for d in ingested})
         self._files: dict[str, PartnerFile | None] = {}
 
     @staticmethod
@@ -42,14 +44,18 @@ class Partner:
         return self._files[relative]
 
     def files(self, name: str) -> list[PartnerFile]:
-        """The files under this final name, in every directory."""
-        return [f for d in self.directories if (f := self.file(d, name)) is not None]
+        """The files under this final name, in every directory, and taken by the partner's ingestion."""
+        return [f for d in (*self.directories, *self.ingested_dirs) if (f := self.file(d, name)) is not None]
+
+    def ingested(self, name: str) -> PartnerFile | None:
+        """The file under this name the partner's ingestion took, if any."""
+        return next((f for d in self.ingested_dirs if (f := self.file(d, name)) is not None), None)
 
     def final_names(self) -> list[str]:
         """The relative paths of the final files there now; dot-files (uploads under their temporary
         names) and acknowledgments are not."""
         found = []
-        for directory in self.directories:
+        for directory in (*self.directories, *self.ingested_dirs):
             path = self.root / directory
             if path.is_dir():
                 found += [self.relative(directory, p.name) for p in path.iterdir()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.delivery.modes import DeliveryMode
 from tests.fixtures.sftp import SSHD, SftpPeer, require_binary, require_root, running_openssh
 
 #: What OpenSSH's internal-sftp, ProFTPD's mod_sftp and the embedded server allow as the tests configure
@@ -38,7 +39,7 @@ def test_a_server_configured_as_the_tests_do_allows_what_a_delivery_needs_and_ke
     assert peer.files() == {}
 
 
-def test_a_server_that_denies_rename_is_found_not_deliverable_and_says_so(tmp_path: Path) -> None:
+def test_a_server_that_denies_rename_is_found_deliverable_only_in_place_and_says_why(tmp_path: Path) -> None:
     require_binary(SSHD, "OpenSSH sshd")
     require_root("OpenSSH sshd")
     # A Match block overrides the ForceCommand before it: OpenSSH's own request filter denies renames.
@@ -47,6 +48,8 @@ def test_a_server_that_denies_rename_is_found_not_deliverable_and_says_so(tmp_pa
         found = peer.destination().check()
 
         assert (found.found["write"], found.found["rename"], found.found["setstat"]) == (True, False, False)
-        assert found.found["rename_refuses_overwrite"] is None and not found.deliverable
-        assert "rename" in found.recommended and "not built" in found.recommended
+        assert found.found["rename_refuses_overwrite"] is None and found.found["exclusive_create"] is True
+        assert found.recommended is DeliveryMode.NO_RENAME and found.deliverable
+        assert found.missing(DeliveryMode.STANDARD) == ["rename", "rename_refuses_overwrite"]
+        assert "refuses rename" in found.verdict
         assert peer.files() == {}

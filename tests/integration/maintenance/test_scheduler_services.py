@@ -21,7 +21,8 @@ import pytest
 from app import logs
 from app.config import Settings
 from app.delivery.evidence import Evidence, EvidenceStage, Listing
-from app.maintenance.recovery import DestinationInspector, Recovery, RecoveryConfig, RecoveryCounts
+from app.maintenance.inspection import DestinationInspector
+from app.maintenance.recovery import Recovery, RecoveryConfig, RecoveryCounts
 from app.maintenance.scavenger import ScavengeCounts, Scavenger, ScavengerConfig
 from app.maintenance.sweeper import SweepCounts, Sweeper, SweeperConfig
 from app.scheduler import build_scheduler, run_forever

@@ -139,7 +139,7 @@ def test_the_destination_configs_repr_shows_the_references_kind_only() -> None:
                                credential_ref="keyfile:/etc/exports/partner_key", read_back=True)
 
     assert repr(config) == ("DestinationConfig(host='127.0.0.1', port=2222, username='p', remote_dir='/inbox', "
-                            "credential=keyfile:..., capabilities=['read_back'])")
+                            "credential=keyfile:..., capabilities=['read_back'], mode=standard)")
     assert config.credential == CredentialRef(CredentialKind.KEYFILE, "/etc/exports/partner_key")
 
 

@@ -14,7 +14,7 @@ SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.attempt_id, j
        j.expected_file_bytes, j.expected_file_sha256, j.delivery_authorized_at, j.woken_at, j.failure_reason,
        j.delivery_key, j.replaces_job_id, j.created_by, j.replacement_reason, j.overwrite_agreement_ref,
        j.sweep_count, j.created_at, j.deferrals, j.deferred_since, j.last_deferral, j.expected_profile_version,
-       j.expected_marker_name, j.expected_marker,
+       j.expected_marker_name, j.expected_marker, j.expected_delivery_mode,
        d.remote_dir, k.file_name
 FROM export_jobs j
 JOIN deliveries k ON k.tenant_id = j.tenant_id AND k.delivery_key = j.delivery_key
