@@ -82,7 +82,10 @@ def run_forever(settings: Settings, url: str, stop_event: threading.Event) -> No
                  sweep_every=settings.sweep_interval_seconds, retries_every=settings.retry_interval_seconds,
                  schedules_every=settings.schedule_interval_seconds, schedule_grace=settings.schedule_grace_seconds)
         try:
-            stop_event.wait()
+            # In slices: a stop signal the kernel hands to one of APScheduler's threads does not interrupt
+            # a lock wait here, and Python runs its handler only when this thread comes back to it.
+            while not stop_event.wait(0.5):
+                pass
         finally:
             scheduler.shutdown(wait=True)
             beating.stop()

@@ -20,7 +20,7 @@ T = TypeVar("T")
 Backend = psycopg.Connection | int
 
 #: How long a test waits for a statement to be seen blocked, or for a thread to finish, in seconds.
-WAIT_SECONDS = 10.0
+WAIT_SECONDS = 30.0
 
 
 IN_CI = os.environ.get("CI") == "true"

@@ -260,7 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, lambda *_: done.set())
     address = server.start()
     print(address.known_hosts_line, flush=True)
-    done.wait()
+    # In slices: a signal the kernel hands to another thread does not interrupt a lock wait in this one,
+    # and Python runs its handler only when this thread comes back to the interpreter.
+    while not done.wait(0.5):
+        pass
     server.stop()
     return 0
 

@@ -125,7 +125,7 @@ def test_a_stop_request_while_building_ends_stopped_through_the_notification_and
     gate = Gate()
     runner = worker.runner(checkpoint=gate, stop_poll_seconds=60)   # only the notification can be fast
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     assert [name.endswith(".csv.part") for name in worker.local_files()] == [True]
     # The watcher has listened and checked the new attempt once, so only the notification is left.
     wait_until(lambda: runner.watcher.polls >= 1, "the watcher's first check")
@@ -148,7 +148,7 @@ def test_a_stop_request_committed_before_cutoff_2_is_never_followed_by_an_upload
     # The watcher neither listens nor polls in time: cutoff 2 alone must refuse.
     runner = worker.runner(checkpoint=gate, stop_poll_seconds=60, listen=False)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     assert worker.request_stop(job).outcome is CancellationOutcome.STOP_REQUESTED
     gate.open()
     result = run.result()

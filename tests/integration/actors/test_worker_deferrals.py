@@ -185,7 +185,7 @@ def test_a_stop_request_recorded_while_the_partner_is_down_ends_stopped_instead_
     # The watcher never notices in time: the deferral's own condition must refuse.
     runner = worker.runner(deferrals=POLICY, checkpoint=gate, stop_poll_seconds=60, listen=False)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     assert worker.request_stop(job).outcome is CancellationOutcome.STOP_REQUESTED
     gate.open()
 
@@ -261,7 +261,7 @@ def test_a_stop_request_recorded_before_the_occupied_final_name_is_found_wins(wo
     gate = Gate()
     runner = worker.runner(deferrals=POLICY, checkpoint=gate, stop_poll_seconds=60, listen=False)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     assert worker.request_stop(job).outcome is CancellationOutcome.STOP_REQUESTED
     gate.open()
 

@@ -38,7 +38,7 @@ def test_a_build_that_outlasts_the_initial_lease_keeps_renewing_and_delivers_exa
     gate = Gate()
     runner = worker.runner(checkpoint=gate, lease_seconds=OUTLASTED_LEASE, renew_seconds=0.5)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     initial = worker.seed.row(job)["lease_expires_at"]
 
     keeper = runner.leases.keeper
@@ -66,7 +66,7 @@ def test_an_upload_that_outlasts_the_initial_lease_keeps_it_renewed_and_complete
     faults.hold_on = frozenset({"write"})   # the partner takes the first write and sits on it
     runner = worker.runner(lease_seconds=OUTLASTED_LEASE, renew_seconds=0.5)
     run = Background(lambda: runner.run(job.id))
-    assert faults.held.wait(10)
+    assert faults.held.wait(60)
     assert worker.seed.status(job) is Status.DELIVERING
     lease_at_upload = worker.seed.row(job)["lease_expires_at"]
 
@@ -94,7 +94,7 @@ def test_a_worker_paused_past_its_lease_is_refused_at_cutoff_2_renews_and_then_d
     gate = Gate(on_reach=lambda: worker.seed.expire_lease(job))   # no scheduled renewal comes in time
     runner = worker.runner(checkpoint=gate, lease_seconds=30, renew_seconds=60)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     gate.open()
     result = run.result()
 
@@ -114,7 +114,7 @@ def test_a_paused_worker_whose_attempt_was_taken_over_finds_its_renewal_changes_
     gate = Gate(on_reach=lambda: _requeue(worker, job))
     runner = worker.runner(checkpoint=gate, lease_seconds=30, renew_seconds=0.2)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     keeper = runner.leases.keeper
     # The gate stays shut: only the lost lease can end this build.
     result = run.result()
@@ -133,7 +133,7 @@ def test_a_paused_attempt_taken_over_before_cutoff_2_is_refused_there_and_the_ne
     gate = Gate(on_reach=lambda: _requeue(worker, job))
     runner = worker.runner(checkpoint=gate, lease_seconds=30, renew_seconds=60)   # no renewal reports the loss
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     gate.open()
     result = run.result()
 
@@ -222,7 +222,7 @@ def test_a_worker_shutting_down_mid_build_stops_it_writes_nothing_and_leaves_the
     gate = Gate()
     runner = worker.runner(checkpoint=gate, renew_seconds=0.2)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
 
     assert runner.shutdown() == 1
     result = run.result()

@@ -45,7 +45,7 @@ def test_a_renewal_that_throws_is_retried_at_the_next_interval_and_does_not_stop
     gate = Gate()
     runner = worker.runner(checkpoint=gate, lease_seconds=30, renew_seconds=0.2)
     run = Background(lambda: runner.run(job.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     keeper = runner.leases.keeper
     wait_until(lambda: keeper.renewals >= 1, "a first renewal")
 
@@ -86,7 +86,7 @@ def test_an_on_demand_renewal_overlapping_a_scheduled_one_waits_for_it_instead_o
     wait_until(lambda: lease_backends_blocked(admin) == 1, "a scheduled renewal blocked on the row lock")
     scheduled_in_flight = len(keeper.history)
     on_demand = Background(keeper.renew_now)
-    assert keeper.on_demand_waiting.wait(10)
+    assert keeper.on_demand_waiting.wait(60)
     # Still exactly one keeper statement at the server: the on-demand one waits on the keeper's lock.
     assert lease_backends_blocked(admin) == 1 and len(keeper.history) == scheduled_in_flight
     locker.commit()
@@ -152,6 +152,6 @@ def test_a_renewal_that_finds_no_row_before_finish_reports_the_lost_lease(seed, 
     with seed.lease_expired(job):
         assert recovery.requeue_expired(seed.conn, [(job.id, job.attempt_id)], max_attempts=5, recovery_run_id="r")
 
-    assert stop.wait(10)
+    assert stop.wait(60)
     assert keeper.lost and stop.reason.value == "LeaseLost"
     keeper.finish()

@@ -49,7 +49,7 @@ def test_a_replacement_building_when_its_original_is_corrected_to_completed_ends
     gate = Gate(on_reach=lambda: _correct_to_completed(reconciler, original))
     runner = worker.runner(checkpoint=gate)
     run = Background(lambda: runner.run(replacement.id))
-    assert gate.reached.wait(10)
+    assert gate.reached.wait(60)
     gate.open()
     result = run.result()
 

@@ -45,7 +45,7 @@ def test_polling_finds_a_stop_request_whose_notification_was_missed(seed, admin,
         admin.execute("SET LOCAL session_replication_role = replica")
         admin.execute("UPDATE export_jobs SET stop_request_id = %s WHERE id = %s", (uuid.uuid4(), job.id))
 
-    assert stop.wait(10)
+    assert stop.wait(60)
     assert stop.reason is StopReason.STOP_REQUESTED
     assert (watcher.confirmed_by_poll, watcher.confirmed_by_notify) == (1, 0)
     assert not other_stop.is_set()
@@ -63,7 +63,7 @@ def test_a_confirmed_stop_is_counted_before_the_signal_wakes_anyone(seed, conn, 
     wait_until(lambda: watcher.polls >= 1, "the first check")
     try:
         _stop(conn, job)
-        assert stop.wait(10) and in_callback.wait(10)
+        assert stop.wait(60) and in_callback.wait(60)
         # The watcher is held inside set(): a waiter that saw the signal must already see the count.
         assert (watcher.confirmed_by_notify, watcher.confirmed_by_poll) == (1, 0)
     finally:
@@ -83,7 +83,7 @@ def test_a_notification_the_row_does_not_confirm_sets_no_stop(seed, conn, watche
     _stop(conn, stale)
     _stop(conn, stopped)   # notified last: once it is confirmed, the earlier two were handled
 
-    assert signals[stopped.id].wait(10)
+    assert signals[stopped.id].wait(60)
     assert watcher.confirmed_by_notify == 1
     assert not signals[unstopped.id].is_set() and not signals[stale.id].is_set()
 
@@ -95,4 +95,4 @@ def test_a_stop_request_recorded_before_the_watch_began_is_found_at_once(seed, c
     stop = StopSignal()
     watcher.watch(job.id, job.attempt_id, stop)
 
-    assert stop.wait(10) and stop.reason is StopReason.STOP_REQUESTED
+    assert stop.wait(60) and stop.reason is StopReason.STOP_REQUESTED

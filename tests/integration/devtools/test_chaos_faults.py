@@ -158,7 +158,7 @@ def test_a_statement_psycopg_has_prepared_is_still_recognised_by_the_proxy(syste
         hold = system.proxy.hold_statement("owner_attempt_owner")
         held = threading.Thread(target=store.attempt_owner, args=(conn, uuid.uuid4()))
         held.start()
-        assert hold.reached.wait(10)
+        assert hold.reached.wait(60)
         hold.release()
         held.join(10)
         cut = system.proxy.cut_before("owner_attempt_owner")

@@ -112,7 +112,7 @@ def test_two_schedulers_racing_the_same_slot_create_one_export(seed, db_url, pg_
     with Database(pg_proxy.url, Role.APP, max_size=2, name="scheduler-a") as a_db, \
             Database(db_url, Role.APP, max_size=2, name="scheduler-b") as b_db:
         a = threads.submit(Schedules(a_db, GRACE).run_once, as_of=as_of)
-        assert hold.reached.wait(10)
+        assert hold.reached.wait(60)
         b = threads.submit(Schedules(b_db, GRACE).run_once, as_of=as_of)
         # B read the same fire time and waits on A's row lock.
         wait_until(lambda: admin.execute(

@@ -139,7 +139,7 @@ def test_two_submissions_of_one_click_at_once_create_one_export_and_get_the_same
     hold = pg_proxy.hold_statement("export_create", after_reply=True)
     through_proxy = Connector(pg_proxy.url)
     first = threads.submit(submit, through_proxy, tenant_id, destination_id, request_id)
-    assert hold.reached.wait(10)
+    assert hold.reached.wait(60)
 
     # The second finds no committed request and waits on the key the first holds.
     second = threads.submit(submit, direct, tenant_id, destination_id, request_id)
