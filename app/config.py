@@ -158,9 +158,9 @@ def _check_address(name: str, value: str) -> None:
 
 @dataclass(frozen=True)
 class DatabaseUrls:
-    """The logins of one database: the application's (``exports_app`` and ``exports_dispatcher``: the
-    processes and the operator scripts), the schema owner's (``exports db migrate``, ``db logins``,
-    ``outbox archive``) and the reconciler's (``exports correct``)."""
+    """The logins of one database: the application's (``exports_app``, ``exports_dispatcher`` and
+    ``exports_notifier``: the processes and the operator scripts), the schema owner's (``exports db
+    migrate``, ``db logins``, ``outbox archive``) and the reconciler's (``exports correct``)."""
 
     app: str
     owner: str
