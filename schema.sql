@@ -481,10 +481,12 @@ CREATE TABLE webhook_deliveries (
     CONSTRAINT ck_webhook_deliveries_failure CHECK ((status = 'Failed') = (failure_reason IS NOT NULL)),
     CONSTRAINT ck_webhook_deliveries_finished CHECK ((state = 'pending') = (finished_at IS NULL))
 );
--- The notifier pages through due deliveries; show reads a job's; webhook show an endpoint's newest.
+-- The notifier pages through due deliveries; show reads a job's; webhook show an endpoint's newest;
+-- health and the metrics count the dead.
 CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX ix_webhook_deliveries_job ON webhook_deliveries (job_id);
 CREATE INDEX ix_webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, occurred_at);
+CREATE INDEX ix_webhook_deliveries_dead ON webhook_deliveries (endpoint_id, finished_at) WHERE state = 'dead';
 ALTER TABLE webhook_deliveries SET (autovacuum_vacuum_scale_factor = 0.0, autovacuum_vacuum_threshold = 1000,
                                     autovacuum_analyze_scale_factor = 0.02, fillfactor = 80);
 

@@ -46,6 +46,8 @@ class Violation(enum.Enum):
     TRANSITION_RECORDED = "TransitionRecorded"
     #: The tenant already recorded a cancellation request with this id.
     REQUEST_ID_TAKEN = "RequestIdTaken"
+    #: The tenant already has a live webhook endpoint of this name.
+    WEBHOOK_NAME_TAKEN = "WebhookNameTaken"
 
 
 _VIOLATIONS = {
@@ -58,6 +60,8 @@ _VIOLATIONS = {
     "uq_export_jobs_one_replacement": Violation.REPLACEMENT_SLOT_TAKEN,
     "uq_attempt_transition": Violation.TRANSITION_RECORDED,
     "pk_cancellation_requests": Violation.REQUEST_ID_TAKEN,
+    "uq_webhook_endpoints_live_name": Violation.WEBHOOK_NAME_TAKEN,
+    "webhook_endpoints_tenant_id_fkey": Violation.UNKNOWN_TENANT,
 }
 
 
