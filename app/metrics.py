@@ -113,6 +113,18 @@ class _Scheduler:
                                          "Replacements the retry policy created for proven transient non-deliveries.")
 
 
+class _Notifier:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.requests = Counter("exports_webhook_requests_total",
+                                "Webhook requests made, by result: delivered (2xx) or failed.", ["result"])
+        self.request_seconds = Histogram("exports_webhook_request_seconds", "Time a receiver took to answer.",
+                                         buckets=SECONDS_BUCKETS)
+        self.dead = Counter("exports_webhook_dead_total",
+                            "Webhook deliveries given up past the horizon (dead, kept for a person).")
+
+
 _built: dict[type, Any] = {}
 _building = threading.Lock()
 
@@ -140,6 +152,10 @@ def relay() -> _Relay:
 
 def scheduler() -> _Scheduler:
     return _once(_Scheduler)
+
+
+def notifier() -> _Notifier:
+    return _once(_Notifier)
 
 
 def count_run(service: str, counts: Any) -> None:
