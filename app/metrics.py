@@ -170,9 +170,10 @@ class DatabaseGauges:
     """A collector that reads the scheduler's gauges from the database on each scrape; a scrape that
     cannot reach the database reports ``exports_database_up 0`` rather than failing."""
 
-    def __init__(self, db: Any, *, silent_seconds: float) -> None:
+    def __init__(self, db: Any, *, silent_seconds: float, webhook_late_seconds: float = 900.0) -> None:
         self.db = db
         self.silent_seconds = silent_seconds
+        self.webhook_late_seconds = webhook_late_seconds
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
@@ -186,6 +187,7 @@ class DatabaseGauges:
                 by_status = reads.jobs_by_status(conn)
                 backlog = reads.backlog(conn)
                 live = reads.live_processes(conn, silent_seconds=self.silent_seconds)
+                hooks = reads.webhooks(conn, late_seconds=self.webhook_late_seconds)
         except Exception as exc:
             log.warning("metrics.scrape_failed", error=type(exc).__name__)
             up.add_metric([], 0)
@@ -210,11 +212,17 @@ class DatabaseGauges:
             ("exports_outcome_unknown_jobs", "Jobs in OutcomeUnknown: they need evidence or a person.",
              backlog.outcome_unknown),
             ("exports_max_sweep_count", "The highest sweep_count of a Queued job.", backlog.max_sweep_count),
+            ("exports_webhook_pending", "Webhook events owed to receivers.", hooks.pending),
+            ("exports_webhook_oldest_pending_seconds", "Since the outcome of the oldest webhook event still owed.",
+             hooks.oldest_pending_seconds),
+            ("exports_webhook_late_endpoints", "Endpoints owed an event for longer than EXPORTS_WEBHOOK_LATE_SECONDS.",
+             hooks.late_endpoints),
+            ("exports_webhook_dead", "Webhook deliveries given up past the horizon (dead), in all.", hooks.dead),
         ):
             family = GaugeMetricFamily(name, help_)
             family.add_metric([], value)
             yield family
         processes = GaugeMetricFamily("exports_live_processes", "Processes with a recent heartbeat.", labels=["role"])
-        for role in ("relay", "scheduler", "worker"):
+        for role in ("relay", "scheduler", "worker", "notifier"):
             processes.add_metric([role], live.get(role, 0))
         yield processes

@@ -1,10 +1,11 @@
-"""The long-running processes (relay, scheduler, worker): their parsers and handlers.
+"""The long-running processes (relay, scheduler, worker, notifier): their parsers and handlers.
 
 Each logs in the one format (EXPORTS_LOG_FORMAT), resolves the database once through the command's
 context (starting the embedded PostgreSQL when EXPORTS_DATABASE_URL is unset, and logging that it did
 and where) and passes it down, serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
-SIGTERM: the relay and the scheduler finish the pass or run in progress; a worker stops taking
-messages, stops attempts still building (recovery requeues them) and lets uploads finish, for up to
+SIGTERM: the relay and the scheduler finish the pass or run in progress, the notifier the requests in
+progress (handing back what it claimed and had not sent); a worker stops taking messages, stops
+attempts still building (recovery requeues them) and lets uploads finish, for up to
 30 s (dramatiq's --worker-shutdown-timeout) before abandoning them to recovery. A second SIGTERM
 to a worker kills it at once.
 """
@@ -39,6 +40,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "scheduler", help_="recovery and the sweeper (SIGINT/SIGTERM to stop)",
                 description="Run recovery and the sweeper until SIGINT or SIGTERM.", json_output=False)
     p.set_defaults(handler=scheduler, long_running=True)
+    p = command(commands, "notifier", help_="send tenants' webhooks (SIGINT/SIGTERM to stop)",
+                description="Send the webhook deliveries every export's outcome wrote, with retries, until "
+                            "SIGINT or SIGTERM (a request in progress finishes first).", json_output=False)
+    p.set_defaults(handler=notifier, long_running=True)
     p = command(commands, "worker", help_="run export workers (dramatiq app.worker)",
                 description="Run `dramatiq app.worker` with the embedded services resolved. Flags this "
                             "command does not know (-v, --pid-file, --queues, ...) go to dramatiq.", json_output=False,
@@ -81,6 +86,14 @@ def scheduler(ctx: Context, args: argparse.Namespace) -> int:
 
     logs.configure(ctx.settings.log_format, level=_level(ctx))
     scheduler_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
+    return EXIT_OK
+
+
+def notifier(ctx: Context, args: argparse.Namespace) -> int:
+    from app.webhooks import sender
+
+    logs.configure(ctx.settings.log_format, level=_level(ctx))
+    sender.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
 

@@ -200,3 +200,9 @@ def record_attempt(conn: psycopg.Connection, *, delivery_id: UUID, attempt: int,
         delivery_id=delivery_id, attempt=attempt, sender=sender, started_at=started_at, http_status=http_status,
         error=error, delivered=delivered, retry_in_seconds=retry_in_seconds, give_up_seconds=give_up_seconds))
     return None if row is None else DeliveryState(row["state"])
+
+
+def release(conn: psycopg.Connection, claimed: list[Claimed]) -> int:
+    """Hands back deliveries this notifier claimed and will not send (it is stopping); how many it could."""
+    return connector.execute(conn, "webhooks_release", dict(delivery_ids=[c.id for c in claimed],
+                                                             attempts=[c.attempt for c in claimed]))

@@ -98,6 +98,8 @@ class PassCounts:
     dropped: int = 0
     lost: int = 0
     unrecorded: int = 0
+    #: Claimed and handed back unsent, the notifier stopping.
+    released: int = 0
 
 
 @dataclass
@@ -116,16 +118,28 @@ class Sender:
         if self.db.role is not Role.NOTIFIER:
             raise ConfigError(f"the notifier runs as {Role.NOTIFIER.value}, not {self.db.role.value}")
 
-    def run_once(self) -> PassCounts:
-        """One batch: claimed and committed, then each sent and recorded on its own."""
+    def run_once(self, stop_event: threading.Event | None = None) -> PassCounts:
+        """One batch: claimed and committed, then each sent and recorded on its own. Once ``stop_event``
+        is set, what is left of the batch is handed back unsent."""
         with self.db.connection() as conn:
             claimed = store.claim_batch(conn, batch_size=self.config.batch_size,
                                         lease_seconds=self.config.lease_seconds)
         counts = PassCounts(claimed=len(claimed))
-        for delivery in claimed:
+        for n, delivery in enumerate(claimed):
+            if stop_event is not None and stop_event.is_set():
+                self._hand_back(claimed[n:], counts)
+                break
             with logs.bound(job_id=delivery.job_id, webhook_id=delivery.id):
                 self._one(delivery, counts)
         return counts
+
+    def _hand_back(self, unsent: list[store.Claimed], counts: PassCounts) -> None:
+        try:
+            with self.db.connection() as conn:
+                counts.released = store.release(conn, [d for d in unsent if not d.removed])
+        except Exception as exc:
+            # Their lease ends all the same; then they are due again.
+            log.warning("notifier.release_failed", deliveries=len(unsent), error=type(exc).__name__)
 
     def _one(self, delivery: store.Claimed, counts: PassCounts) -> None:
         if delivery.removed:
@@ -196,7 +210,7 @@ class Sender:
     def _loop(self, stop_event: threading.Event) -> None:
         while not stop_event.is_set():
             try:
-                counts = self.run_once()
+                counts = self.run_once(stop_event)
             except Exception as exc:
                 log.warning("notifier.pass_failed", error=type(exc).__name__)
                 stop_event.wait(FAILURE_BACKOFF_SECONDS)

@@ -53,8 +53,8 @@ class SecretError(ExportsError):
 
 
 class InvalidSignature(ExportsError):
-    """Raised by ``verify`` when a request's headers are missing, its timestamp is outside the replay
-    window, or no signature in it is the body's by the secret."""
+    """Raised when a webhook request's headers are missing, its timestamp is outside the replay window, or
+    no signature in it is the body's by the secret (``verify``: a receiver's check)."""
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from app import metrics
 from app.heartbeat import identity
-from app.store import heartbeat
+from app.store import heartbeat, webhooks
 from app.store.database import Database
-from app.store.types import Role
+from app.store.types import Role, Status
 
 
 def _scrape(db) -> dict[str, float]:
@@ -35,6 +37,22 @@ def test_a_scrape_counts_jobs_by_status_the_backlog_and_live_processes(app_db, s
     assert samples["exports_queued_oldest_wait_seconds"] >= 0
     assert samples['exports_live_processes{role="relay"}'] == 1
     assert samples['exports_live_processes{role="worker"}'] == 0
+
+
+def test_a_scrape_counts_the_webhook_events_owed_and_given_up(app_db, seed, conn, admin):
+    tenant = seed.tenant()
+    webhooks.add_endpoint(conn, endpoint_id=uuid.uuid4(), endpoint=webhooks.NewEndpoint(
+        tenant_id=tenant, name="prod", url="https://hooks.example/in", secret_ref="env:HOOK", created_by="t"))
+    for _ in range(3):
+        seed.finished(Status.COMPLETED, seed.queued(tenant))
+    admin.execute("UPDATE webhook_deliveries SET state = 'dead', finished_at = clock_timestamp() "
+                  "WHERE id = (SELECT min(id::text)::uuid FROM webhook_deliveries)")
+
+    samples = _scrape(app_db)
+
+    assert samples["exports_webhook_pending"] == 2 and samples["exports_webhook_dead"] == 1
+    assert samples["exports_webhook_oldest_pending_seconds"] >= 0
+    assert samples["exports_webhook_late_endpoints"] == 0
 
 
 def test_a_scrape_without_the_database_says_so_instead_of_failing():

@@ -120,3 +120,12 @@ moved AS (
     WHERE d.id = next.id AND d.state = 'pending' AND (%(delivered)s OR d.attempts = %(attempt)s)
     RETURNING d.state)
 SELECT state FROM moved;
+
+-- name: webhooks_release
+-- Claimed deliveries a stopping notifier did not send: due again at once, their claim not counted, so the
+-- next notifier need not wait for the lease to end. Only while each is still this notifier's claim.
+UPDATE webhook_deliveries d
+SET attempts = d.attempts - 1, next_attempt_at = clock_timestamp()
+FROM unnest(%(delivery_ids)s::uuid[], %(attempts)s::int[]) AS c (id, attempt)
+WHERE d.id = c.id AND d.state = 'pending' AND d.attempts = c.attempt
+RETURNING d.id;

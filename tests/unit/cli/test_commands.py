@@ -69,7 +69,7 @@ def test_exports_help_lists_every_command_and_exits_zero(capsys):
     top = {path[0] for path in LEAVES}
     assert top == {"db", "tenant", "destination", "operator", "contacts", "create", "cancel", "edit", "replace",
                    "reconcile", "correct", "show", "list", "watch", "health", "processes", "outbox", "relay",
-                   "scheduler", "worker", "demo", "chaos", "preview"}
+                   "scheduler", "worker", "notifier", "webhook", "demo", "chaos", "preview"}
     assert all(f"    {command}" in out for command in top)
 
 
