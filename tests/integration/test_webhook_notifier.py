@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -296,3 +297,19 @@ def test_the_probe_body_is_its_own_type_and_no_export_s():
     sent = payload.probe(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "prod", datetime.now(UTC))
 
     assert payload_of(sent)["type"] == "webhook.test"
+
+
+def test_a_stopping_notifier_hands_back_what_it_claimed_and_did_not_send(seed, conn, admin, notifier_db, receiver):
+    tenant = seed.tenant("Acme")
+    add_endpoint(conn, tenant, receiver.url)
+    for _ in range(3):
+        seed.finished(Status.COMPLETED, seed.queued(tenant))
+    stopping = threading.Event()
+    stopping.set()
+
+    counts = sender(notifier_db).run_once(stopping)
+
+    assert (counts.claimed, counts.released, counts.delivered) == (3, 3, 0)
+    assert receiver.received() == []
+    assert {(d["state"], d["attempts"]) for d in deliveries(admin).values()} == {("pending", 0)}
+    assert sender(notifier_db).run_once().delivered == 3, "due again at once, not after the lease"
