@@ -41,6 +41,8 @@ The rules, as ``docs/protocol.md`` states the promises:
 - ``orphan-local-file``: a file left in a worker's local directory after the scavenger ran.
 - ``outbox-not-drained``: an unpublished outbox row that is already due (rows due later are a
   deferral's wake-up, waiting for its time).
+- ``webhook-mismatch`` and ``webhook-undelivered``: every outcome of a job of a tenant with a webhook
+  endpoint told once, in order, and taken by the receiver (devtools/exports_devtools/chaos/webhooks.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import psycopg
 
 from app.maintenance.scavenger import EXPORT_FILE
 from app.store.types import CancellationOutcome, EventKind, Status
+from exports_devtools.chaos import webhooks as webhook_rules
 from exports_devtools.chaos.history import as_history, job_history
 from exports_devtools.chaos.partner import Partner
 from exports_devtools.chaos.record import Ledger, Violation
@@ -69,7 +72,7 @@ Row = dict[str, Any]
 
 RULES = ("two-final-files", "file-after-cancel", "unaccounted-final-file", "completed-file-mismatch",
          "unsettled-at-end", "event-mismatch", "resolved-without-evidence", "double-click-differs",
-         "orphan-local-file", "outbox-not-drained")
+         "orphan-local-file", "outbox-not-drained", "webhook-mismatch", "webhook-undelivered")
 
 _LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.DELIVERING})
 _ENDED_BY_OPERATOR = frozenset({Status.CANCELED, Status.STOPPED, Status.REJECTED})
@@ -90,6 +93,8 @@ class _Judge:
     renames: Mapping[str, int]
     work_dirs: Sequence[Path]
     ledger: Ledger
+    #: The webhook ids the receiver took (answered 2xx, signature verified); None: not checked.
+    webhooks_received: set[str] | None = None
 
     def __post_init__(self) -> None:
         self.jobs: dict[UUID, Row] = {j["id"]: j for j in self.snapshot.jobs}
@@ -264,6 +269,16 @@ class _Judge:
                           "between its cutoff 2 and this resolution"
                           + ("" if operator is None else " and no cited evidence"))
 
+    # 10: webhooks -----------------------------------------------------------------------------------
+
+    def webhooks(self) -> None:
+        for job in self.snapshot.jobs:
+            found = webhook_rules.problems(job, self.events(job["id"]), self.snapshot.webhooks.get(job["id"], []),
+                                           job["tenant_id"] in self.snapshot.notified_tenants,
+                                           self.webhooks_received)
+            for rule, detail in found.items():
+                self.flag(rule, job["id"], detail)
+
     # 7 and 8 ---------------------------------------------------------------------------------------
 
     def double_clicks(self) -> None:
@@ -288,7 +303,7 @@ class _Judge:
 
 
 def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str, partner_renames: Mapping[str, int],
-          work_dirs: Sequence[Path], ledger: Ledger) -> list[Violation]:
+          work_dirs: Sequence[Path], ledger: Ledger, webhooks_received: set[str] | None = None) -> list[Violation]:
     """Every broken promise, once the system has settled and the scavenger has run. ``conn`` is an
     owner connection in autocommit mode with dict rows (``exports_devtools.store.owner.connect_owner``);
     ``partner_renames`` counts the partner's successful renames onto each final path (``"inbox/<name>"``,
@@ -296,14 +311,14 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     file is looked for in its destination's directory under ``partner_root`` (``remote_dir`` when the
     destination is unknown); a key's files in every destination's directory and ``remote_dir``. Files
     are judged by their final name, a function of the delivery key alone, so keys are taken to be
-    unique across tenants."""
+    unique across tenants. ``webhooks_received``: the ids the tenant's receiver took, when it is checked."""
     renames: dict[str, int] = {}
     for path, count in partner_renames.items():
         name = path.rsplit("/", 1)[-1]
         renames[name] = renames.get(name, 0) + count
     snapshot = store.read_history(conn)
     partner = Partner(partner_root, [remote_dir, *snapshot.remote_dirs])
-    judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger)
+    judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger, webhooks_received)
     judge.final_files()
     judge.cancels_before_cutoff_2()
     judge.settled()
@@ -311,4 +326,5 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     judge.evidence()
     judge.double_clicks()
     judge.local_files()
+    judge.webhooks()
     return judge.violations()

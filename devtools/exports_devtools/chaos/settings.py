@@ -29,6 +29,12 @@ CHAOS_SETTINGS: dict[str, str] = {
     "EXPORTS_RELAY_METRICS": "off",
     "EXPORTS_SCHEDULER_METRICS": "off",
     "EXPORTS_WORKER_METRICS": "off",
+    "EXPORTS_NOTIFIER_METRICS": "off",
+    # A receiver that fails now and then is tried again within two seconds, so the settle sees it drained.
+    "EXPORTS_WEBHOOK_POLL_SECONDS": "0.5",
+    "EXPORTS_WEBHOOK_TIMEOUT_SECONDS": "2",
+    "EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS": "0.25",
+    "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS": "2",
 }
 TENANT = "Chaos Retail"
 OPERATOR = "chaos-operator"
@@ -43,7 +49,13 @@ PROCESSES: dict[str, tuple[tuple[str, ...], int]] = {
     # A third worker: the kills and stops at chosen points take one down every few seconds.
     "worker-3": (("worker", "--processes", "1", "--threads", "2"), signal.SIGTERM),
     "scheduler": (("scheduler",), signal.SIGTERM),
+    "notifier": (("notifier",), signal.SIGTERM),
 }
+#: The tenant's webhook endpoint: its name, the variable its signing secret is in (in the processes'
+#: environment), and the share of requests its receiver answers 503 (a receiver that fails now and then).
+WEBHOOK = "tenant-hooks"
+WEBHOOK_SECRET_VAR = "CHAOS_HOOK_SECRET"
+RECEIVER_FAILURE_RATE = 0.2
 #: The application_name of every pool a worker process opens (app/actors): its sessions, for pg-terminate.
 WORKER_APPLICATION_NAMES = ("exports-worker", "exports-slots", "exports-builder", "exports-lease", "exports-watcher")
 #: Seconds one setup command may take; seconds a service gets to start.
