@@ -69,6 +69,9 @@ def event(delivery: Claimed) -> dict[str, Any]:
             "attempt_id": _id(delivery.attempt_id),
             "attempt_number": delivery.attempt_count if delivery.attempt_id is not None else None,
             "replaces_export_id": _id(delivery.replaces_job_id),
+            # Null until exports record the schedule and fire time that created them: then they are read
+            # with the job's other facts in webhooks_claim_batch (and granted to exports_notifier) and
+            # rendered here.
             "schedule_id": None,
             "slot": None,
             "occurred_at": occurred,
