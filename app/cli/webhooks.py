@@ -36,7 +36,6 @@ from app.cli.output import emit, table
 from app.store import webhooks as store
 from app.store.views import Tenant
 from app.webhooks import payload, signing
-from app.webhooks.client import Poster
 
 #: Deliveries ``webhook show`` lists unless told otherwise.
 RECENT = 20
@@ -235,6 +234,9 @@ def webhook_remove(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def webhook_test(ctx: Context, args: argparse.Namespace) -> int:
+    # urllib3 is imported by the one command that posts, not by every exports command.
+    from app.webhooks.client import Poster
+
     tenant = cli_lookup.tenant(ctx.views(), args.tenant)
     endpoint = _one(ctx, tenant, args.webhook)
     try:

@@ -76,7 +76,7 @@ def _leaves(parser, prefix=()):
 
 #: The commands that print no document, and so offer no --json: the long-running processes, and the
 #: preview, which prints the partner's file itself.
-PROCESSES = {("relay",), ("scheduler",), ("worker",), ("demo",), ("preview",)}
+PROCESSES = {("relay",), ("scheduler",), ("worker",), ("notifier",), ("demo",), ("preview",)}
 
 
 def test_every_command_has_help_that_lists_its_exit_codes_and_json_where_it_prints_a_document():
