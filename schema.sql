@@ -1,7 +1,7 @@
 -- The exports schema as it is now: the reference design's five tables (its columns exactly, ours after
 -- them), the tables it leaves to the application (tenants, destinations and their circuits, contacts,
--- operator_access), the processes' heartbeats, the four roles and their grants, and the triggers that
--- make history append-only even for the owner.
+-- operator_access), the processes' heartbeats, the tenants' webhooks, the five roles and their grants,
+-- and the triggers that make history append-only even for the owner.
 --
 -- `exports db migrate` applies this file to a new database, inside one transaction under an advisory
 -- lock, and it records the version it is (the last line). A database made by an earlier release is
@@ -23,6 +23,9 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'exports_retention') THEN
         CREATE ROLE exports_retention NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'exports_notifier') THEN
+        CREATE ROLE exports_notifier NOLOGIN;
     END IF;
 END
 $$;
@@ -562,7 +565,7 @@ CREATE TRIGGER tr_outbox_notify AFTER INSERT ON outbox
 
 CREATE TABLE process_heartbeats (
     process_id   text PRIMARY KEY,               -- host:pid, the prefix of a worker's claimed_by
-    role         text NOT NULL CHECK (role IN ('relay', 'worker', 'scheduler')),
+    role         text NOT NULL CHECK (role IN ('relay', 'worker', 'scheduler', 'notifier')),
     host         text NOT NULL,
     pid          int  NOT NULL,
     version      text NOT NULL,                  -- the exports release the process runs
@@ -573,6 +576,106 @@ CREATE TABLE process_heartbeats (
 
 -- The scheduler's pruning finds the processes dead for long by their last beat.
 CREATE INDEX ix_process_heartbeats_beat ON process_heartbeats (beat_at);
+
+-- ---------------------------------------------------------------------------------------------
+-- Webhooks: a tenant told what happened to its exports. Every statement that gives an export an outcome
+-- (a terminal status, or OutcomeUnknown) inserts, in the same statement, one delivery per live endpoint
+-- of the job's tenant: an outbox of its own, which the notifier process (exports_notifier) sends after
+-- commit, with retries, recording each attempt. A tenant without an endpoint pays one index probe.
+-- ---------------------------------------------------------------------------------------------
+
+-- A tenant's endpoint: an HTTPS URL (plain http only where allow_http was asked for, for a loopback
+-- receiver) and a *reference* to its signing secret (env:VAR or file:/path), never the secret. Removing
+-- one keeps its row, since its deliveries name it; the notifier then drops what it still owed it.
+CREATE TABLE webhook_endpoints (
+    id          uuid PRIMARY KEY,
+    tenant_id   uuid NOT NULL REFERENCES tenants (id),
+    name        text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    url         text NOT NULL CHECK (length(url) BETWEEN 1 AND 2048),
+    allow_http  boolean NOT NULL DEFAULT false,
+    secret_ref  text NOT NULL CONSTRAINT ck_webhook_endpoints_secret_ref CHECK (secret_ref ~ '^(env|file):.+$'),
+    created_by  text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    removed_by  text,
+    removed_at  timestamptz,
+    CONSTRAINT uq_webhook_endpoints_tenant UNIQUE (tenant_id, id),
+    CONSTRAINT ck_webhook_endpoints_scheme CHECK (url ~ '^https://' OR (allow_http AND url ~ '^http://')),
+    CONSTRAINT ck_webhook_endpoints_removed CHECK ((removed_at IS NULL) = (removed_by IS NULL))
+);
+-- A name names one live endpoint of its tenant; the outcome statements find a tenant's live endpoints
+-- by its leading column.
+CREATE UNIQUE INDEX uq_webhook_endpoints_live_name ON webhook_endpoints (tenant_id, name) WHERE removed_at IS NULL;
+
+-- One event for one endpoint: what happened (written with the outcome, never changed: its id is the
+-- webhook-id the receiver deduplicates on, the same on every retry), then the notifier's sending state
+-- (pending until delivered, dead past the give-up horizon, dropped when the endpoint was removed). The
+-- body is rendered from these columns and the job's facts fixed by then (its key, file name, bytes,
+-- sha256), so every retry sends the same bytes.
+CREATE TABLE webhook_deliveries (
+    id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    endpoint_id      uuid NOT NULL,
+    tenant_id        uuid NOT NULL,
+    job_id           uuid NOT NULL,                -- no key into export_jobs, like the outbox's: no check on its hot updates
+    attempt_id       uuid,
+    status           text NOT NULL CHECK (status IN ('Completed', 'Failed', 'Stopped', 'Canceled', 'Rejected',
+                                                     'OutcomeUnknown')),
+    failure_reason   text,
+    source           text NOT NULL CHECK (source IN ('worker', 'recovery', 'reconciliation', 'correction',
+                                                     'cancellation', 'policy')),
+    occurred_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'dead', 'dropped')),
+    attempts         int  NOT NULL DEFAULT 0,      -- claimed this often by a notifier
+    next_attempt_at  timestamptz NOT NULL DEFAULT clock_timestamp(),   -- due, or leased to a notifier until then
+    finished_at      timestamptz,
+    CONSTRAINT fk_webhook_deliveries_endpoint FOREIGN KEY (tenant_id, endpoint_id)
+        REFERENCES webhook_endpoints (tenant_id, id),
+    CONSTRAINT ck_webhook_deliveries_failure CHECK ((status = 'Failed') = (failure_reason IS NOT NULL)),
+    CONSTRAINT ck_webhook_deliveries_finished CHECK ((state = 'pending') = (finished_at IS NULL))
+);
+-- The notifier pages through due deliveries; show reads a job's; webhook show an endpoint's newest;
+-- health and the metrics count the dead.
+CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX ix_webhook_deliveries_job ON webhook_deliveries (job_id);
+CREATE INDEX ix_webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, occurred_at);
+CREATE INDEX ix_webhook_deliveries_dead ON webhook_deliveries (endpoint_id, finished_at) WHERE state = 'dead';
+ALTER TABLE webhook_deliveries SET (autovacuum_vacuum_scale_factor = 0.0, autovacuum_vacuum_threshold = 1000,
+                                    autovacuum_analyze_scale_factor = 0.02, fillfactor = 80);
+
+-- Every request a notifier made, once per claim: the receiver's HTTP status, or why none came.
+CREATE TABLE webhook_attempts (
+    delivery_id  uuid NOT NULL REFERENCES webhook_deliveries (id),
+    attempt      int  NOT NULL CHECK (attempt >= 1),
+    sender       text NOT NULL,                    -- host:pid of the notifier
+    started_at   timestamptz NOT NULL,
+    finished_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    http_status  int,
+    error        text,                             -- secret-free: a timeout, a refused connection, HTTP 503...
+    CONSTRAINT pk_webhook_attempts PRIMARY KEY (delivery_id, attempt)
+);
+
+-- A delivery's event never changes and no delivery is deleted; only the sending state moves.
+CREATE FUNCTION refuse_webhook_delivery_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE'
+       AND (NEW.id, NEW.endpoint_id, NEW.tenant_id, NEW.job_id, NEW.attempt_id, NEW.status, NEW.failure_reason,
+            NEW.source, NEW.occurred_at)
+           IS NOT DISTINCT FROM (OLD.id, OLD.endpoint_id, OLD.tenant_id, OLD.job_id, OLD.attempt_id, OLD.status,
+                                 OLD.failure_reason, OLD.source, OLD.occurred_at) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION '% on webhook_deliveries is not allowed: only the sending state may change', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+
+CREATE TRIGGER tr_webhook_deliveries_event_only BEFORE UPDATE OR DELETE ON webhook_deliveries
+    FOR EACH ROW EXECUTE FUNCTION refuse_webhook_delivery_change();
+CREATE TRIGGER tr_webhook_deliveries_no_truncate BEFORE TRUNCATE ON webhook_deliveries
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_webhook_delivery_change();
+CREATE TRIGGER tr_webhook_attempts_append_only BEFORE UPDATE OR DELETE ON webhook_attempts
+    FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_webhook_attempts_no_truncate BEFORE TRUNCATE ON webhook_attempts
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
 
 -- ---------------------------------------------------------------------------------------------
 -- Grants. Every process connects under one of these roles, so a missing or excess grant fails a test.
@@ -614,8 +717,24 @@ GRANT SELECT, DELETE ON outbox TO exports_retention;
 -- Heartbeats: every process beats, the relay as exports_dispatcher; the scheduler, as exports_app,
 -- prunes the processes dead for longer than the retention (heartbeat_prune), and nothing else deletes.
 GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, host, pid)
-    ON process_heartbeats TO exports_app, exports_dispatcher;
+    ON process_heartbeats TO exports_app, exports_dispatcher, exports_notifier;
 GRANT DELETE ON process_heartbeats TO exports_app;
 
+-- Webhooks. The application's role registers and removes endpoints and, with every outcome, inserts the
+-- deliveries; so does the reconciler's, with a correction. The notifier reads what it sends (the job's
+-- facts a body needs, column by column), moves the sending state and records attempts, nothing else.
+GRANT SELECT, INSERT ON webhook_endpoints TO exports_app;
+GRANT UPDATE (removed_by, removed_at) ON webhook_endpoints TO exports_app;
+GRANT SELECT, INSERT ON webhook_deliveries TO exports_app;
+GRANT SELECT ON webhook_attempts TO exports_app;
+GRANT SELECT ON webhook_endpoints TO exports_reconciler;
+GRANT INSERT ON webhook_deliveries TO exports_reconciler;
+GRANT SELECT ON webhook_endpoints TO exports_notifier;
+GRANT SELECT, UPDATE (state, attempts, next_attempt_at, finished_at) ON webhook_deliveries TO exports_notifier;
+GRANT SELECT, INSERT ON webhook_attempts TO exports_notifier;
+GRANT SELECT (id, tenant_id, delivery_key, attempt_count, expected_file_bytes, expected_file_sha256,
+              replaces_job_id) ON export_jobs TO exports_notifier;
+GRANT SELECT (tenant_id, delivery_key, file_name) ON deliveries TO exports_notifier;
+
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (10);
+INSERT INTO schema_version (version) VALUES (11);

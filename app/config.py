@@ -91,6 +91,21 @@ class Settings:
     #: grace when a scheduler gets to it (every scheduler was down) is recorded Missed rather than run.
     schedule_interval_seconds: float = 5.0
     schedule_grace_seconds: float = 3600.0
+    #: The notifier (``exports notifier``): where it serves /metrics; its sending threads, each claiming
+    #: a batch of due webhook deliveries at a time and polling this often when none is due; each request's
+    #: connect and read timeouts.
+    notifier_metrics: str = "127.0.0.1:9464"
+    webhook_senders: int = 4
+    webhook_batch_size: int = 10
+    webhook_poll_seconds: float = 1.0
+    webhook_timeout_seconds: float = 10.0
+    #: A delivery the receiver did not take is tried again after base * 2^(attempts - 1) seconds, jittered,
+    #: capped at max; past give_up seconds since the outcome it is given up (dead, kept for a person).
+    webhook_backoff_base_seconds: float = 10.0
+    webhook_backoff_max_seconds: float = 3600.0
+    webhook_give_up_seconds: float = 3 * 86400.0
+    #: ``exports health`` fails when an event has waited this long for its receiver.
+    webhook_late_seconds: float = 900.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -132,19 +147,31 @@ class Settings:
             retry_interval_seconds=_number(env, "EXPORTS_RETRY_INTERVAL", 30.0, minimum=0.1),
             schedule_interval_seconds=_number(env, "EXPORTS_SCHEDULE_INTERVAL", 5.0, minimum=0.1),
             schedule_grace_seconds=_number(env, "EXPORTS_SCHEDULE_GRACE_SECONDS", 3600.0, minimum=1),
+            notifier_metrics=env.get("EXPORTS_NOTIFIER_METRICS") or "127.0.0.1:9464",
+            webhook_senders=int(_number(env, "EXPORTS_WEBHOOK_SENDERS", 4, minimum=1)),
+            webhook_batch_size=int(_number(env, "EXPORTS_WEBHOOK_BATCH", 10, minimum=1)),
+            webhook_poll_seconds=_number(env, "EXPORTS_WEBHOOK_POLL_SECONDS", 1.0, minimum=0.05),
+            webhook_timeout_seconds=_number(env, "EXPORTS_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1),
+            webhook_backoff_base_seconds=_number(env, "EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS", 10.0, minimum=0.05),
+            webhook_backoff_max_seconds=_number(env, "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.05),
+            webhook_give_up_seconds=_number(env, "EXPORTS_WEBHOOK_GIVE_UP_SECONDS", 3 * 86400.0, minimum=1),
+            webhook_late_seconds=_number(env, "EXPORTS_WEBHOOK_LATE_SECONDS", 900.0, minimum=1),
         )
         if settings.renew_seconds >= settings.lease_seconds:
             raise ConfigError("EXPORTS_RENEW_SECONDS must be shorter than EXPORTS_LEASE_SECONDS, "
                               "or a healthy attempt would lose its lease between renewals")
         if settings.defer_max_seconds < settings.defer_base_seconds:
             raise ConfigError("EXPORTS_DEFER_MAX_SECONDS must be at least EXPORTS_DEFER_BASE_SECONDS")
+        if settings.webhook_backoff_max_seconds < settings.webhook_backoff_base_seconds:
+            raise ConfigError("EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS must be at least "
+                              "EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS")
         if settings.broker_url and not settings.broker_url.startswith(BROKER_SCHEMES):
             raise ConfigError("EXPORTS_BROKER_URL must start with redis://, rediss://, unix:// (a Redis socket), "
                               "amqp:// or amqps://")
         if settings.log_format not in LOG_FORMATS:
             raise ConfigError(f"EXPORTS_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, "
                               f"not {settings.log_format!r}")
-        for name in ("relay_metrics", "scheduler_metrics", "worker_metrics"):
+        for name in ("relay_metrics", "scheduler_metrics", "worker_metrics", "notifier_metrics"):
             _check_address(f"EXPORTS_{name.upper()}", getattr(settings, name))
         return settings
 
@@ -168,9 +195,9 @@ def _check_address(name: str, value: str) -> None:
 
 @dataclass(frozen=True)
 class DatabaseUrls:
-    """The logins of one database: the application's (``exports_app`` and ``exports_dispatcher``: the
-    processes and the operator scripts), the schema owner's (``exports db migrate``, ``db logins``,
-    ``outbox archive``) and the reconciler's (``exports correct``)."""
+    """The logins of one database: the application's (``exports_app``, ``exports_dispatcher`` and
+    ``exports_notifier``: the processes and the operator scripts), the schema owner's (``exports db
+    migrate``, ``db logins``, ``outbox archive``) and the reconciler's (``exports correct``)."""
 
     app: str
     owner: str

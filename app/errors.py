@@ -30,6 +30,8 @@ turns each into an exit code::
             BuildInterrupted                                 the database failed transiently on every try
         CronError (ValueError)      app/maintenance/cron.py  a cron expression or time zone APScheduler cannot use
         ClaimUnknown                app/actors/export.py     the claim and its re-read both failed
+        SecretError                 app/webhooks/signing.py  a signing secret reference malformed or unresolvable
+        InvalidSignature            app/webhooks/signing.py  a webhook request whose signature does not verify
         EvidenceNotAppended         app/actors/runner.py     delivery evidence matched no export row
         CliError                    app/cli/common.py        a command's one-line answer and its exit code
 

@@ -8,7 +8,9 @@ It checks what an operator must act on, by its symptoms rather than by process l
 - recovery keeps up (no lease has been expired for long: a dead scheduler shows here first);
 - the sweeper's backstop is not the only thing moving work (no job waits in Queued far past the
   sweeper's threshold);
-- and, if asked (``--require relay,worker,scheduler``), that a process of each role has a recent
+- tenants' webhooks reach their receivers (no event owed to an endpoint for longer than
+  EXPORTS_WEBHOOK_LATE_SECONDS, none given up in the last day);
+- and, if asked (``--require relay,worker,scheduler,notifier``), that a process of each role has a recent
   heartbeat.
 """
 
@@ -28,7 +30,9 @@ MAX_RELAY_LAG_SECONDS = 60.0
 #: Recovery runs this many times its interval, plus this slack, before an expired lease counts as stuck.
 RECOVERY_INTERVALS = 3
 RECOVERY_SLACK_SECONDS = 30.0
-ROLES = ("relay", "worker", "scheduler")
+ROLES = ("relay", "worker", "scheduler", "notifier")
+#: Late endpoints a failed webhooks check names.
+LATE_NAMED = 3
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Ch
             return checks
         backlog = metrics.backlog(conn)
         processes = heartbeat.processes(conn)
+        hooks = metrics.webhooks(conn, late_seconds=settings.webhook_late_seconds)
+        late = metrics.late_webhooks(conn, late_seconds=settings.webhook_late_seconds, limit=LATE_NAMED)
     checks.append(Check("relay", backlog.oldest_unpublished_seconds <= MAX_RELAY_LAG_SECONDS,
                         f"{backlog.unpublished} unpublished outbox rows, the oldest "
                         f"{backlog.oldest_unpublished_seconds:.0f} s old (limit {MAX_RELAY_LAG_SECONDS:.0f} s)"))
@@ -66,6 +72,7 @@ def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Ch
     checks.append(Check("queue", backlog.oldest_queued_seconds <= queued_limit,
                         f"the longest wait in Queued since a wake-up is {backlog.oldest_queued_seconds:.0f} s "
                         f"(limit {queued_limit:.0f} s, twice the sweeper's threshold)"))
+    checks.append(_webhooks(settings, hooks, late))
     silent_limit = SILENT_INTERVALS * settings.heartbeat_seconds
     live = {role: [p for p in processes if p.identity.role == role and p.stopped_at is None
                    and p.silent_seconds <= silent_limit] for role in ROLES}
@@ -73,6 +80,18 @@ def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Ch
         checks.append(Check(f"{role} processes", bool(live[role]),
                             f"{len(live[role])} live (a heartbeat within {silent_limit:.0f} s)"))
     return checks
+
+
+def _webhooks(settings: Settings, hooks: metrics.WebhookBacklog, late: list[metrics.LateWebhook]) -> Check:
+    limit = settings.webhook_late_seconds
+    detail = (f"{hooks.pending} events owed to receivers, the oldest {hooks.oldest_pending_seconds:.0f} s old "
+              f"(limit {limit:.0f} s); {hooks.dead_last_day} given up in the last day")
+    if late:
+        named = ", ".join(f"{w.tenant}/{w.webhook} ({w.seconds:.0f} s)" for w in late)
+        more = hooks.late_endpoints - len(late)
+        detail += f"; late: {named}" + (f" and {more} more" if more > 0 else "") + \
+            " (receiver down, or no exports notifier running: exports webhook list)"
+    return Check("webhooks", hooks.late_endpoints == 0 and hooks.dead_last_day == 0, detail)
 
 
 def _broker(settings: Settings) -> Check:

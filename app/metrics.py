@@ -121,6 +121,18 @@ class _Scheduler:
                                       "Held (waiting for an earlier incremental run to settle).", ["outcome"])
 
 
+class _Notifier:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.requests = Counter("exports_webhook_requests_total",
+                                "Webhook requests made, by result: delivered (2xx) or failed.", ["result"])
+        self.request_seconds = Histogram("exports_webhook_request_seconds", "Time a receiver took to answer.",
+                                         buckets=SECONDS_BUCKETS)
+        self.dead = Counter("exports_webhook_dead_total",
+                            "Webhook deliveries given up past the horizon (dead, kept for a person).")
+
+
 _built: dict[type, Any] = {}
 _building = threading.Lock()
 
@@ -168,6 +180,10 @@ class _Build:
         info.labels(__version__).set(1)
 
 
+def notifier() -> _Notifier:
+    return _once(_Notifier)
+
+
 def count_run(service: str, counts: Any) -> None:
     """Adds a maintenance run's counts dataclass to ``exports_maintenance_total``."""
     if is_dataclass(counts) and not isinstance(counts, type):
@@ -180,9 +196,10 @@ class DatabaseGauges:
     """A collector that reads the scheduler's gauges from the database on each scrape; a scrape that
     cannot reach the database reports ``exports_database_up 0`` rather than failing."""
 
-    def __init__(self, db: Any, *, silent_seconds: float) -> None:
+    def __init__(self, db: Any, *, silent_seconds: float, webhook_late_seconds: float = 900.0) -> None:
         self.db = db
         self.silent_seconds = silent_seconds
+        self.webhook_late_seconds = webhook_late_seconds
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
@@ -199,6 +216,7 @@ class DatabaseGauges:
                 backlog = reads.backlog(conn)
                 live = reads.live_processes(conn, silent_seconds=self.silent_seconds)
                 scheduled = reads.schedules(conn)
+                hooks = reads.webhooks(conn, late_seconds=self.webhook_late_seconds)
         except Exception as exc:
             log.warning("metrics.scrape_failed", error=type(exc).__name__)
             up.add_metric([], 0)
@@ -236,11 +254,17 @@ class DatabaseGauges:
              "scheduler (0: none due).", scheduled.overdue_seconds),
             ("exports_schedule_held_slots", "Slots of incremental schedules held until an earlier run is settled.",
              scheduled.held_slots),
+            ("exports_webhook_pending", "Webhook events owed to receivers.", hooks.pending),
+            ("exports_webhook_oldest_pending_seconds", "Since the outcome of the oldest webhook event still owed.",
+             hooks.oldest_pending_seconds),
+            ("exports_webhook_late_endpoints", "Endpoints owed an event for longer than EXPORTS_WEBHOOK_LATE_SECONDS.",
+             hooks.late_endpoints),
+            ("exports_webhook_dead", "Webhook deliveries given up past the horizon (dead), in all.", hooks.dead),
         ):
             family = GaugeMetricFamily(name, help_)
             family.add_metric([], value)
             yield family
         processes = GaugeMetricFamily("exports_live_processes", "Processes with a recent heartbeat.", labels=["role"])
-        for role in ("relay", "scheduler", "worker"):
+        for role in ("relay", "scheduler", "worker", "notifier"):
             processes.add_metric([role], live.get(role, 0))
         yield processes

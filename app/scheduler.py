@@ -93,7 +93,8 @@ def run_forever(settings: Settings, url: str, stop_event: threading.Event) -> No
 
 
 def _serve_metrics(settings: Settings, db: Database) -> None:
-    gauges = metrics.DatabaseGauges(db, silent_seconds=SILENT_INTERVALS * settings.heartbeat_seconds)
+    gauges = metrics.DatabaseGauges(db, silent_seconds=SILENT_INTERVALS * settings.heartbeat_seconds,
+                                    webhook_late_seconds=settings.webhook_late_seconds)
     metrics.announce_build()
     try:
         metrics.serve(settings.scheduler_metrics, extra=gauges)

@@ -8,7 +8,7 @@ databases named exports_bench_*, dropped after each workload) and EXPORTS_BENCH_
 redis-server of the bench's own on a free loopback port, started and stopped by the run, since the
 machine's shared Redis may have other workers on it; without redis-server, 127.0.0.1:6379 database 13).
 The bench empties the broker's database between runs. Each module in bench/ can still be run
-alone: python -m bench.claim_throughput, bench.notify_cost, bench.stop_latency, bench.build_export,
+alone: python -m bench.claim_throughput, bench.notify_cost, bench.webhook_cost, bench.stop_latency, bench.build_export,
 bench.upload_throughput.
 """
 

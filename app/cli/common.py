@@ -6,6 +6,7 @@ context that resolves the database (the one place a command starts the embedded 
 from __future__ import annotations
 
 import argparse
+import getpass
 import re
 import textwrap
 from collections.abc import Iterable, Iterator, Mapping
@@ -171,6 +172,16 @@ def text(max_length: int = MAX_TEXT, *, allow_empty: bool = False):
 
 
 name = text(MAX_NAME)
+
+
+def operator_name(by: str | None) -> str:
+    """Who does an administrator's change, for its record: ``--by``, else this login's name."""
+    if by:
+        return by
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):   # no login name: a container's numeric user
+        return "unknown"
 
 
 def uuid_arg(value: str) -> UUID:

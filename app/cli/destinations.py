@@ -10,7 +10,6 @@ operator grant is checked.
 from __future__ import annotations
 
 import argparse
-import getpass
 import uuid
 from typing import Any
 
@@ -29,6 +28,7 @@ from app.cli.common import (
     group,
     name,
     not_found,
+    operator_name,
     positive_int,
     refused,
     text,
@@ -167,12 +167,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _by(args: argparse.Namespace) -> str:
-    if args.by:
-        return str(args.by)
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):   # no login name: a container's numeric user
-        return "unknown"
+    return operator_name(args.by)
 
 
 def destination_add(ctx: Context, args: argparse.Namespace) -> int:

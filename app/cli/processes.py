@@ -1,9 +1,10 @@
-"""The long-running processes (relay, scheduler, worker): their parsers and handlers.
+"""The long-running processes (relay, scheduler, worker, notifier): their parsers and handlers.
 
 Each logs in the one format (EXPORTS_LOG_FORMAT), resolves the database once through the command's
 context (starting the embedded PostgreSQL when EXPORTS_DATABASE_URL is unset, and logging that it did
 and where) and passes it down, serves its metrics, records a heartbeat, and stops cleanly on SIGINT or
-SIGTERM, once or repeatedly: the relay and the scheduler finish the pass or run in progress; a worker
+SIGTERM, once or repeatedly: the relay and the scheduler finish the pass or run in progress, the notifier
+the requests in progress (handing back what it claimed and had not sent); a worker
 stops taking messages, stops attempts still building (recovery requeues them) and lets uploads finish,
 for up to EXPORTS_WORKER_STOP_SECONDS (dramatiq's --worker-shutdown-timeout) before abandoning them to
 recovery, whether the signal reaches its main process, its worker processes or the whole group, and
@@ -38,6 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(commands, "scheduler", help_="recovery and the sweeper (SIGINT/SIGTERM to stop)",
                 description="Run recovery and the sweeper until SIGINT or SIGTERM.", json_output=False)
     p.set_defaults(handler=scheduler, long_running=True)
+    p = command(commands, "notifier", help_="send tenants' webhooks (SIGINT/SIGTERM to stop)",
+                description="Send the webhook deliveries every export's outcome wrote, with retries, until "
+                            "SIGINT or SIGTERM (a request in progress finishes first).", json_output=False)
+    p.set_defaults(handler=notifier, long_running=True)
     p = command(commands, "worker", help_="run export workers (dramatiq app.worker; SIGTERM/SIGINT drains)",
                 description="Run `dramatiq app.worker` with the embedded services resolved. Flags this "
                             "command does not know (-v, --pid-file, --queues, ...) go to dramatiq. SIGTERM or "
@@ -84,6 +89,14 @@ def scheduler(ctx: Context, args: argparse.Namespace) -> int:
 
     _configure_logs(ctx)
     scheduler_module.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
+    return EXIT_OK
+
+
+def notifier(ctx: Context, args: argparse.Namespace) -> int:
+    from app.webhooks import sender
+
+    _configure_logs(ctx)
+    sender.run_forever(ctx.settings, ctx.database_url(), _stop_on_signals())
     return EXIT_OK
 
 

@@ -34,8 +34,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                 description="Apply schema.sql under an advisory lock; a second run changes nothing.")
     p.set_defaults(handler=db_migrate)
     p = command(db, "logins", help_="print (or --apply) one login per kind of process",
-                description="Print the SQL that makes an application login (a member of exports_app and "
-                            "exports_dispatcher) and a reconciler login (a member of exports_reconciler only), so the "
+                description="Print the SQL that makes an application login (a member of exports_app, "
+                            "exports_dispatcher and exports_notifier) and a reconciler login (a member of "
+                            "exports_reconciler only), so the "
                             "application's login cannot correct outcomes even with SET ROLE. --apply runs it as this "
                             "database's owner. No password is set: give each login what pg_hba.conf asks for.")
     p.add_argument("--app-login", type=name, default=logins.APP_LOGIN, help=f"(default {logins.APP_LOGIN})")

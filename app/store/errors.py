@@ -50,6 +50,8 @@ class Violation(enum.Enum):
     CREATE_REQUEST_TAKEN = "CreateRequestTaken"
     #: The schedule already has an export for this slot.
     SLOT_TAKEN = "SlotTaken"
+    #: The tenant already has a live webhook endpoint of this name.
+    WEBHOOK_NAME_TAKEN = "WebhookNameTaken"
 
 
 _VIOLATIONS = {
@@ -65,6 +67,8 @@ _VIOLATIONS = {
     "pk_cancellation_requests": Violation.REQUEST_ID_TAKEN,
     "pk_create_requests": Violation.CREATE_REQUEST_TAKEN,
     "uq_export_jobs_slot": Violation.SLOT_TAKEN,
+    "uq_webhook_endpoints_live_name": Violation.WEBHOOK_NAME_TAKEN,
+    "webhook_endpoints_tenant_id_fkey": Violation.UNKNOWN_TENANT,
 }
 
 

@@ -1,8 +1,9 @@
 """One login per kind of process, so the database, not convention, keeps corrections to reconciliation
 operators.
 
-- the application login (workers, relay, scheduler, operator scripts) is a member of ``exports_app`` and
-  ``exports_dispatcher`` and of nothing else: it cannot ``SET ROLE exports_reconciler``;
+- the application login (workers, relay, scheduler, notifier, operator scripts) is a member of
+  ``exports_app``, ``exports_dispatcher`` and ``exports_notifier`` and of nothing else: it cannot
+  ``SET ROLE exports_reconciler``;
 - the reconciler login (``exports correct``, ``EXPORTS_RECONCILER_DATABASE_URL``) is a member of
   ``exports_reconciler`` only.
 
@@ -39,7 +40,7 @@ class Logins:
     reconciler: str = RECONCILER_LOGIN
 
     def memberships(self) -> dict[str, tuple[Role, ...]]:
-        return {self.app: (Role.APP, Role.DISPATCHER), self.reconciler: (Role.RECONCILER,)}
+        return {self.app: (Role.APP, Role.DISPATCHER, Role.NOTIFIER), self.reconciler: (Role.RECONCILER,)}
 
 
 def statements(logins: Logins = Logins()) -> list[sql.Composed]:

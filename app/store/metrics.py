@@ -68,3 +68,34 @@ def schedules(conn: psycopg.Connection) -> Schedules:
 def live_processes(conn: psycopg.Connection, *, silent_seconds: float) -> dict[str, int]:
     return {r["role"]: r["processes"]
             for r in connector.fetch_all(conn, "metrics_live_processes", dict(silent_seconds=silent_seconds))}
+
+
+@dataclass(frozen=True)
+class WebhookBacklog:
+    #: Events owed to receivers; the oldest one's age since its outcome (0 when none).
+    pending: int
+    oldest_pending_seconds: float
+    #: Endpoints owed an event for longer than the threshold asked for.
+    late_endpoints: int
+    #: Deliveries given up past the horizon, in all and in the last day.
+    dead: int
+    dead_last_day: int
+
+
+@dataclass(frozen=True)
+class LateWebhook:
+    tenant: str
+    webhook: str
+    seconds: float
+
+
+def webhooks(conn: psycopg.Connection, *, late_seconds: float) -> WebhookBacklog:
+    row = connector.fetch_one(conn, "metrics_webhooks", dict(late_seconds=late_seconds))
+    assert row is not None   # one row of scalar subqueries, always
+    return WebhookBacklog(pending=row["pending"], oldest_pending_seconds=float(row["oldest_pending_seconds"] or 0),
+                          late_endpoints=row["late_endpoints"], dead=row["dead"], dead_last_day=row["dead_last_day"])
+
+
+def late_webhooks(conn: psycopg.Connection, *, late_seconds: float, limit: int) -> list[LateWebhook]:
+    return [LateWebhook(r["tenant"], r["webhook"], float(r["seconds"])) for r in connector.fetch_all(
+        conn, "metrics_late_webhooks", dict(late_seconds=late_seconds, limit=limit))]

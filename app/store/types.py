@@ -82,6 +82,8 @@ class Role(enum.StrEnum):
     RECONCILER = "exports_reconciler"
     #: Archives and deletes published outbox rows past their retention; nothing else.
     RETENTION = "exports_retention"
+    #: The notifier: sends the tenants' webhooks and records each attempt; nothing else.
+    NOTIFIER = "exports_notifier"
 
 
 class ClaimResult(enum.Enum):

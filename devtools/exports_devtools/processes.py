@@ -24,7 +24,8 @@ LOG_TAIL = 4000
 START_TIMEOUT = 60.0
 #: The log event after which each command stops gracefully on its signal; before it, a signal's default
 #: action may still end the process, which says nothing about its shutdown.
-STARTED = {"relay": "relay.started", "scheduler": "scheduler.started", "worker": "worker.starting"}
+STARTED = {"relay": "relay.started", "scheduler": "scheduler.started", "worker": "worker.starting",
+           "notifier": "notifier.started"}
 
 
 def clean_environ(**overrides: str) -> dict[str, str]:

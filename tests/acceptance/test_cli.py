@@ -76,7 +76,7 @@ def _leaves(parser, prefix=()):
 
 #: The commands that print no document, and so offer no --json: the long-running processes, and the
 #: preview, which prints the partner's file itself.
-PROCESSES = {("relay",), ("scheduler",), ("worker",), ("demo",), ("preview",)}
+PROCESSES = {("relay",), ("scheduler",), ("worker",), ("notifier",), ("demo",), ("preview",)}
 #: The commands whose submissions carry a request id, so a busy answer can be retried safely.
 REQUEST_ID_TAKERS = {("cancel",), ("create",), ("replace",)}
 

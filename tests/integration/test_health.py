@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 from app import health
 from app.config import Settings
 from app.heartbeat import identity
-from app.store import heartbeat
+from app.store import export, heartbeat, webhooks
+from app.store.types import FailureCode
 
 
 def _settings(**changes) -> Settings:
@@ -22,7 +24,7 @@ def test_a_quiet_deployment_is_healthy(db_url):
     checks = _by_name(health.run(_settings(), db_url))
 
     assert all(c.ok for c in checks.values()), checks
-    assert set(checks) == {"database", "broker", "schema", "relay", "recovery", "queue"}
+    assert set(checks) == {"database", "broker", "schema", "relay", "recovery", "queue", "webhooks"}
 
 
 def test_an_outbox_row_older_than_the_limit_means_the_relay_is_behind(db_url, seed, admin):
@@ -42,6 +44,42 @@ def test_a_lease_expired_long_ago_means_recovery_is_not_running(db_url, seed):
     recovery = _by_name(health.run(_settings(recovery_interval_seconds=10), db_url))["recovery"]
 
     assert not recovery.ok and "1 expired leases" in recovery.detail
+
+
+def _owed_event(seed, conn, admin, *, minutes_ago: float, tenant_name: str = "Acme") -> None:
+    """An endpoint of a new tenant, owed the outcome of one of its exports since ``minutes_ago``."""
+    tenant = seed.tenant(tenant_name)
+    webhooks.add_endpoint(conn, endpoint_id=uuid.uuid4(), endpoint=webhooks.NewEndpoint(
+        tenant_id=tenant, name="prod", url="https://hooks.example/in", secret_ref="env:HOOK", created_by="t"))
+    job = seed.running(seed.queued(tenant))
+    export.try_finish_failed(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+                             failure_reason=FailureCode.BUILD_FAILED)
+    with admin.transaction():   # the past, which only the owner may write, past the event-only trigger
+        admin.execute("SET LOCAL session_replication_role = replica")
+        admin.execute("UPDATE webhook_deliveries SET occurred_at = clock_timestamp() - make_interval(mins => %s) "
+                      "WHERE job_id = %s", (minutes_ago, job.id))
+
+
+def test_an_event_owed_to_a_receiver_past_the_limit_fails_the_webhooks_check_naming_the_endpoint(db_url, seed, conn,
+                                                                                              admin):
+    _owed_event(seed, conn, admin, minutes_ago=1, tenant_name="Globex")
+    recent = _by_name(health.run(_settings(webhook_late_seconds=900), db_url))["webhooks"]
+    _owed_event(seed, conn, admin, minutes_ago=20)
+
+    late = _by_name(health.run(_settings(webhook_late_seconds=900), db_url))["webhooks"]
+
+    assert recent.ok and "1 events owed" in recent.detail
+    assert not late.ok and "2 events owed" in late.detail and "late: Acme/prod (1200 s)" in late.detail
+    assert "Globex" not in late.detail
+
+
+def test_a_delivery_given_up_in_the_last_day_fails_the_webhooks_check(db_url, seed, conn, admin):
+    _owed_event(seed, conn, admin, minutes_ago=0)
+    admin.execute("UPDATE webhook_deliveries SET state = 'dead', finished_at = clock_timestamp()")
+
+    check = _by_name(health.run(_settings(), db_url))["webhooks"]
+
+    assert not check.ok and "1 given up in the last day" in check.detail
 
 
 def test_a_required_role_without_a_live_process_fails_and_one_with_a_heartbeat_passes(db_url, conn):

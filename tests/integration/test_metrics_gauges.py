@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from app import metrics
 from app.heartbeat import identity
-from app.store import heartbeat, partner
+from app.store import heartbeat, partner, webhooks
 from app.store.database import Database
 from app.store.types import FailureCode, Role, Status
 from tests.factories_more import States
@@ -68,6 +68,22 @@ def test_a_destination_whose_circuit_opened_is_counted_until_it_closes_and_repub
     job = seed.queued()
     conn.execute("UPDATE export_jobs SET sweep_count = 4 WHERE id = %s", (job.id,))
     assert _scrape(app_db)["exports_queued_max_sweeps"] == 4
+
+
+def test_a_scrape_counts_the_webhook_events_owed_and_given_up(app_db, seed, conn, admin):
+    tenant = seed.tenant()
+    webhooks.add_endpoint(conn, endpoint_id=uuid.uuid4(), endpoint=webhooks.NewEndpoint(
+        tenant_id=tenant, name="prod", url="https://hooks.example/in", secret_ref="env:HOOK", created_by="t"))
+    for _ in range(3):
+        seed.finished(Status.COMPLETED, seed.queued(tenant))
+    admin.execute("UPDATE webhook_deliveries SET state = 'dead', finished_at = clock_timestamp() "
+                  "WHERE id = (SELECT min(id::text)::uuid FROM webhook_deliveries)")
+
+    samples = _scrape(app_db)
+
+    assert samples["exports_webhook_pending"] == 2 and samples["exports_webhook_dead"] == 1
+    assert samples["exports_webhook_oldest_pending_seconds"] >= 0
+    assert samples["exports_webhook_late_endpoints"] == 0
 
 
 def test_a_scrape_without_the_database_says_so_instead_of_failing():

@@ -25,6 +25,7 @@ import itertools
 import os
 import random
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
@@ -42,7 +43,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from app.store import recovery, sweeper
+from app.store import recovery, sweeper, webhooks
 from app.store.database import Database
 from app.store.types import FailureCode, Role
 from tests.conftest import IN_CI
@@ -152,6 +153,11 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.tenants.append(tenant)
             self.tenant_destinations[tenant] = [env.seeder.destination(tenant) for _ in range(2)]
             self.model.destinations.update({d: tenant for d in self.tenant_destinations[tenant]})
+        # Acme has a webhook endpoint, Globex none: every outcome of Acme's jobs is told, and nothing of Globex's.
+        webhooks.add_endpoint(env.seeder.conn, endpoint_id=uuid.uuid4(), endpoint=webhooks.NewEndpoint(
+            tenant_id=self.tenants[0], name="prod", url="https://hooks.acme.example/", secret_ref="env:HOOK",
+            created_by="model"))
+        self.model.notified_tenants.add(self.tenants[0])
         self.workers = {name: Worker(name, env.worker_dbs[name]) for name in WORKERS}
         self.nominations: list[tuple[UUID, UUID]] = []
         # Ids and keys counted, not random: a rerun of the same steps makes the same choices.

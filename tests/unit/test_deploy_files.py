@@ -1,7 +1,7 @@
 """The shipped deployment files (deploy/) agree with the code they run: each unit starts the process it is
 named after, with our environment file, a state directory, KillMode=mixed and a stop timeout a worker's
 drain fits in; the environment example names only settings the processes read, and those it sets are
-accepted; the Procfile runs the three processes; docs/operations.md points at the files rather than
+accepted; the Procfile runs the four processes; docs/operations.md points at the files rather than
 holding copies. The tools made for them check them too (.ci/check-deploy: systemd-analyze, promtool)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from app.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-PROCESSES = ("relay", "worker", "scheduler")
+PROCESSES = ("relay", "worker", "scheduler", "notifier")
 
 
 def _unit(process: str) -> dict[str, list[str]]:
@@ -54,7 +54,7 @@ def test_the_environment_example_names_only_settings_the_processes_read_and_sets
     assert Settings.from_env(env).log_format == "json"
 
 
-def test_the_procfile_runs_the_three_processes():
+def test_the_procfile_runs_the_four_processes():
     lines = [line.split(":", 1) for line in (DEPLOY / "Procfile").read_text().splitlines() if line.strip()]
     assert {name: command.strip() for name, command in lines} == {p: f"exports {p}" for p in PROCESSES}
 

@@ -19,10 +19,17 @@ SELECT tenant_id, id, job_id, requested_by, reason, outcome, found_status, found
 FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND id = %(request_id)s;
 
 -- name: cancellation_cancel_queued
-UPDATE export_jobs
-SET status = 'Canceled', cancellation_request_id = %(request_id)s
-WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND status = 'Queued'
-RETURNING id;
+-- Queued -> Canceled, with the tenant's webhooks told in the same statement.
+WITH canceled AS (
+    UPDATE export_jobs
+    SET status = 'Canceled', cancellation_request_id = %(request_id)s
+    WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND status = 'Queued'
+    RETURNING id, tenant_id, attempt_id, status),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, c.tenant_id, c.id, c.attempt_id, c.status, NULL, 'cancellation'
+    FROM canceled c JOIN webhook_endpoints w ON w.tenant_id = c.tenant_id AND w.removed_at IS NULL)
+SELECT id FROM canceled;
 
 -- name: cancellation_request_stop
 -- Records the first stop request; a trigger notifies the attempt's watcher at commit.

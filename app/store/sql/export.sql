@@ -1,7 +1,10 @@
 -- The job's life from creation to its attempt's terminal write. Every statement is conditional on
 -- the state, version, attempt or lease it checked, and a transition inserts its event in the same
 -- statement: the INSERT reads only the rows the UPDATE returned, so one inserted row means the
--- transition happened.
+-- transition happened. A transition that gives the job an outcome (a terminal status, or OutcomeUnknown)
+-- also tells the tenant's webhooks in the same statement (the CTE ``webhook``): one webhook_deliveries row
+-- per live endpoint of the tenant, which the notifier sends after commit; for a tenant without an
+-- endpoint the join finds nothing.
 
 -- name: export_create
 -- An original job, its deliveries row (the key's owner, with the file name it delivers under) and its
@@ -64,11 +67,18 @@ RETURNING job_id, (SELECT version FROM edited) AS version;
 
 -- name: export_reject
 -- Queued -> Rejected by policy, for the evaluated version only. An edit in between makes this match
--- nothing, and the edit's own wake-up brings the job back for a fresh evaluation.
-UPDATE export_jobs
-SET status = 'Rejected'
-WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
-RETURNING id;
+-- nothing, and the edit's own wake-up brings the job back for a fresh evaluation. The tenant's webhooks
+-- are told in the same statement (as by every statement that gives a job an outcome).
+WITH rejected AS (
+    UPDATE export_jobs
+    SET status = 'Rejected'
+    WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
+    RETURNING id, tenant_id, attempt_id, status),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, r.tenant_id, r.id, r.attempt_id, r.status, NULL, 'policy'
+    FROM rejected r JOIN webhook_endpoints w ON w.tenant_id = r.tenant_id AND w.removed_at IS NULL)
+SELECT id FROM rejected;
 
 -- name: export_claim
 -- Cutoff 1: Queued -> Running for the checked version, with the lease and the attempt event.
@@ -140,7 +150,11 @@ WITH stopped AS (
     SET status = 'Stopped', lease_expires_at = NULL
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NOT NULL
-    RETURNING id, attempt_id)
+    RETURNING id, attempt_id, tenant_id, status),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, s.tenant_id, s.id, s.attempt_id, s.status, NULL, 'worker'
+    FROM stopped s JOIN webhook_endpoints w ON w.tenant_id = s.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
 SELECT id, attempt_id, 'Stopped', %(worker_id)s, %(stop_point)s, clock_timestamp() FROM stopped
 RETURNING id;
@@ -158,7 +172,11 @@ WITH failed AS (
       AND stop_request_id IS NULL
       AND %(failure_reason)s IN ('BuildFailed', 'FinalNameOccupied', 'OriginalDelivered', 'NotDelivered')
       AND (%(cause)s::text IS NULL OR %(cause)s::text IN ('transient', 'configuration', 'permanent'))
-    RETURNING id, attempt_id, failure_reason)
+    RETURNING id, attempt_id, failure_reason, tenant_id, status),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, f.tenant_id, f.id, f.attempt_id, f.status, f.failure_reason, 'worker'
+    FROM failed f JOIN webhook_endpoints w ON w.tenant_id = f.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
 SELECT id, attempt_id, 'Failed', %(worker_id)s,
        failure_reason || coalesce(' (' || %(cause)s::text || ')', '') || coalesce(': ' || %(detail)s::text, ''),
@@ -208,7 +226,11 @@ WITH finished AS (
            OR %(failure_reason)s::text IN ('NotDelivered', 'FinalNameOccupied', 'OriginalDelivered'))
       AND (%(cause)s::text IS NULL OR (%(outcome)s = 'Failed'
                                       AND %(cause)s::text IN ('transient', 'configuration', 'permanent')))
-    RETURNING id, attempt_id, status),
+    RETURNING id, attempt_id, status, tenant_id, failure_reason),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, f.tenant_id, f.id, f.attempt_id, f.status, f.failure_reason, 'worker'
+    FROM finished f JOIN webhook_endpoints w ON w.tenant_id = f.tenant_id AND w.removed_at IS NULL),
 inserted AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, observed_by, detail, recorded_at)
     SELECT job_id, attempt_id, kind, worker_id, observed_by, detail, clock_timestamp() FROM (
@@ -265,7 +287,11 @@ WITH reconciled AS (
           WHERE r.tenant_id = j.tenant_id AND r.replaces_job_id = j.id
             AND r.delivery_authorized_at IS NOT NULL
             AND r.status IN ('Delivering', 'Completed', 'OutcomeUnknown')))
-    RETURNING j.id, j.attempt_id, j.status)
+    RETURNING j.id, j.attempt_id, j.status, j.tenant_id, j.failure_reason),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, r.tenant_id, r.id, r.attempt_id, r.status, r.failure_reason, 'reconciliation'
+    FROM reconciled r JOIN webhook_endpoints w ON w.tenant_id = r.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence)s, clock_timestamp()
 FROM reconciled
@@ -281,7 +307,11 @@ WITH corrected AS (
     WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
       AND status = %(recorded_status)s AND status IN ('Completed', 'Failed')
       AND %(corrected_status)s IN ('Completed', 'Failed') AND %(corrected_status)s <> %(recorded_status)s
-    RETURNING id, attempt_id, status)
+    RETURNING id, attempt_id, status, tenant_id, failure_reason),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, c.tenant_id, c.id, c.attempt_id, c.status, c.failure_reason, 'correction'
+    FROM corrected c JOIN webhook_endpoints w ON w.tenant_id = c.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Corrected', %(corrected_by)s,
        %(recorded_status)s || ' to ' || status || ': ' || %(evidence_ref)s || '; ' || %(why)s, clock_timestamp()

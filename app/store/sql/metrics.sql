@@ -48,3 +48,29 @@ SELECT
     (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_fire_at)), 0) FROM schedules
      WHERE state = 'Active' AND next_fire_at <= (SELECT clock_timestamp())) AS overdue_seconds,
     (SELECT count(*) FROM schedule_runs WHERE outcome = 'Held') AS held_slots;
+
+-- name: metrics_webhooks
+-- The notifier's backlog: events owed to receivers (and how long since the oldest one's outcome),
+-- endpoints owed an event for longer than the threshold (a receiver down, or no notifier running), and
+-- deliveries given up (dead), in all and in the last day. Partial indexes bound each count.
+SELECT
+    (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending') AS pending,
+    (SELECT extract(epoch FROM clock_timestamp() - min(occurred_at)) FROM webhook_deliveries
+     WHERE state = 'pending') AS oldest_pending_seconds,
+    (SELECT count(DISTINCT endpoint_id) FROM webhook_deliveries
+     WHERE state = 'pending' AND occurred_at < (SELECT clock_timestamp() - make_interval(secs => %(late_seconds)s)))
+        AS late_endpoints,
+    (SELECT count(*) FROM webhook_deliveries WHERE state = 'dead') AS dead,
+    (SELECT count(*) FROM webhook_deliveries
+     WHERE state = 'dead' AND finished_at > (SELECT clock_timestamp() - interval '1 day')) AS dead_last_day;
+
+-- name: metrics_late_webhooks
+-- The endpoints owed an event for longer than the threshold, the longest-owed first: tenant and name.
+SELECT t.name AS tenant, e.name AS webhook, extract(epoch FROM clock_timestamp() - late.oldest) AS seconds
+FROM (SELECT endpoint_id, min(occurred_at) AS oldest FROM webhook_deliveries
+      WHERE state = 'pending' AND occurred_at < (SELECT clock_timestamp() - make_interval(secs => %(late_seconds)s))
+      GROUP BY endpoint_id) AS late
+JOIN webhook_endpoints e ON e.id = late.endpoint_id
+JOIN tenants t ON t.id = e.tenant_id
+ORDER BY late.oldest
+LIMIT %(limit)s;

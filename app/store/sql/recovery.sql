@@ -1,6 +1,7 @@
 -- Recovery: the scan only nominates; each takeover repeats every condition the scan relied on, lease
 -- expiry included, so a renewal that commits after the scan makes the takeover match nothing. Each
--- records its event in the same statement.
+-- records its event in the same statement, and one that gives the job an outcome tells the tenant's
+-- webhooks there too.
 
 -- name: recovery_scan_expired
 -- Nominates only: every takeover repeats these conditions in its own write. The bound is read once
@@ -67,7 +68,11 @@ stopped AS (
       AND j.status = 'Running' AND j.attempt_id = n.attempt_id
       AND j.stop_request_id IS NOT NULL
       AND j.lease_expires_at < clock_timestamp()
-    RETURNING j.id, j.attempt_id)
+    RETURNING j.id, j.attempt_id, j.tenant_id, j.status),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, s.tenant_id, s.id, s.attempt_id, s.status, NULL, 'recovery'
+    FROM stopped s JOIN webhook_endpoints w ON w.tenant_id = s.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
 SELECT id, attempt_id, 'StoppedByRecovery', %(recovery_run_id)s, clock_timestamp() FROM stopped
 RETURNING job_id;
@@ -88,7 +93,11 @@ exhausted AS (
       AND j.status = 'Running' AND j.attempt_id = n.attempt_id
       AND j.stop_request_id IS NULL AND j.attempt_count - j.deferrals >= %(max_attempts)s
       AND j.lease_expires_at < clock_timestamp()
-    RETURNING j.id, j.attempt_id)
+    RETURNING j.id, j.attempt_id, j.tenant_id, j.status, j.failure_reason),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, e.tenant_id, e.id, e.attempt_id, e.status, e.failure_reason, 'recovery'
+    FROM exhausted e JOIN webhook_endpoints w ON w.tenant_id = e.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
 SELECT id, attempt_id, 'AttemptsExhausted', %(recovery_run_id)s, clock_timestamp() FROM exhausted
 RETURNING job_id;
@@ -102,7 +111,11 @@ WITH resolved AS (
     WHERE id = %(job_id)s AND status = 'Delivering' AND attempt_id = %(expired_attempt_id)s
       AND lease_expires_at < clock_timestamp()
       AND %(resolution)s IN ('Completed', 'OutcomeUnknown')
-    RETURNING id, attempt_id, status)
+    RETURNING id, attempt_id, status, tenant_id),
+webhook AS (
+    INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source)
+    SELECT w.id, r.tenant_id, r.id, r.attempt_id, r.status, NULL, 'recovery'
+    FROM resolved r JOIN webhook_endpoints w ON w.tenant_id = r.tenant_id AND w.removed_at IS NULL)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s,
        clock_timestamp()

@@ -43,13 +43,14 @@ The rules, as ``docs/protocol.md`` states the promises:
   deferral's wake-up, waiting for its time).
 - ``slot-not-once``: a schedule's slot recorded without its one export, an export of a schedule that is
   not its slot's, two exports of one slot, or a cron slot never decided (``exports_devtools.chaos.slots``).
-
 - ``mode-evidence``: an attempt judged against the rules of another delivery mode than the one its
   cutoff 2 recorded (``docs/protocol.md``, "Delivery modes"): a look at the destination (any evidence
   but the unlooked baseline, a refused rename's answer and the rename's acknowledgment) for an attempt in
   no-stat, which allows none; a Completed whose proof is the rename's answer in a mode where a look is
   the receipt (standard, no-rename); or a no-stat attempt Completed with no acknowledged rename of its
   own, unless a person reconciled or corrected it.
+- ``webhook-mismatch`` and ``webhook-undelivered``: every outcome of a job of a tenant with a webhook
+  endpoint told once, in order, and taken by the receiver (devtools/exports_devtools/chaos/webhooks.py).
 
 A partner whose ingestion takes files away (``ingested_dirs``: where it puts them) still has them: a
 key's files are looked for there too, and a Completed job's file is found there when its directory no
@@ -72,6 +73,7 @@ from app.delivery.evidence import EvidenceStage, Proof
 from app.delivery.modes import DeliveryMode
 from app.maintenance.scavenger import EXPORT_FILE
 from app.store.types import CancellationOutcome, EventKind, Status
+from exports_devtools.chaos import webhooks as webhook_rules
 from exports_devtools.chaos.history import as_history, job_history
 from exports_devtools.chaos.partner import Partner
 from exports_devtools.chaos.record import Ledger, Violation
@@ -86,7 +88,8 @@ Row = dict[str, Any]
 
 RULES = ("two-final-files", "file-after-cancel", "unaccounted-final-file", "completed-file-mismatch",
          "unsettled-at-end", "event-mismatch", "resolved-without-evidence", "double-click-differs",
-         "orphan-local-file", "outbox-not-drained", "slot-not-once", "mode-evidence")
+         "orphan-local-file", "outbox-not-drained", "slot-not-once", "mode-evidence", "webhook-mismatch",
+         "webhook-undelivered")
 #: What an attempt in a mode that allows no look may record without looking.
 _NOT_LOOKS = frozenset({EvidenceStage.RENAMED.value, EvidenceStage.RENAME_REFUSED.value, "outcome"})
 
@@ -109,6 +112,8 @@ class _Judge:
     renames: Mapping[str, int]
     work_dirs: Sequence[Path]
     ledger: Ledger
+    #: The webhook ids the receiver took (answered 2xx, signature verified); None: not checked.
+    webhooks_received: set[str] | None = None
 
     def __post_init__(self) -> None:
         self.jobs: dict[UUID, Row] = {j["id"]: j for j in self.snapshot.jobs}
@@ -311,6 +316,16 @@ class _Judge:
                 self.flag("mode-evidence", job["id"], f"Completed in mode {mode.value} with no acknowledged rename "
                                                       "of its own and no person's word")
 
+    # 10: webhooks -----------------------------------------------------------------------------------
+
+    def webhooks(self) -> None:
+        for job in self.snapshot.jobs:
+            found = webhook_rules.problems(job, self.events(job["id"]), self.snapshot.webhooks.get(job["id"], []),
+                                           job["tenant_id"] in self.snapshot.notified_tenants,
+                                           self.webhooks_received)
+            for rule, detail in found.items():
+                self.flag(rule, job["id"], detail)
+
     # 7 and 8 ---------------------------------------------------------------------------------------
 
     def double_clicks(self) -> None:
@@ -335,7 +350,8 @@ class _Judge:
 
 
 def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str, partner_renames: Mapping[str, int],
-          work_dirs: Sequence[Path], ledger: Ledger, ingested_dirs: Sequence[str] = ()) -> list[Violation]:
+          work_dirs: Sequence[Path], ledger: Ledger, ingested_dirs: Sequence[str] = (),
+          webhooks_received: set[str] | None = None) -> list[Violation]:
     """Every broken promise, once the system has settled and the scavenger has run. ``conn`` is an
     owner connection in autocommit mode with dict rows (``exports_devtools.store.owner.connect_owner``);
     ``partner_renames`` counts the partner's successful renames onto each final path (``"inbox/<name>"``,
@@ -343,14 +359,14 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     file is looked for in its destination's directory under ``partner_root`` (``remote_dir`` when the
     destination is unknown); a key's files in every destination's directory and ``remote_dir``. Files
     are judged by their final name, a function of the delivery key alone, so keys are taken to be
-    unique across tenants."""
+    unique across tenants. ``webhooks_received``: the ids the tenant's receiver took, when it is checked."""
     renames: dict[str, int] = {}
     for path, count in partner_renames.items():
         name = path.rsplit("/", 1)[-1]
         renames[name] = renames.get(name, 0) + count
     snapshot = store.read_history(conn)
     partner = Partner(partner_root, [remote_dir, *snapshot.remote_dirs], ingested=ingested_dirs)
-    judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger)
+    judge = _Judge(snapshot, partner, remote_dir, renames, work_dirs, ledger, webhooks_received)
     judge.final_files()
     judge.cancels_before_cutoff_2()
     judge.settled()
@@ -359,6 +375,7 @@ def check(conn: psycopg.Connection[Any], *, partner_root: Path, remote_dir: str,
     judge.double_clicks()
     judge.local_files()
     judge.mode_evidence()
+    judge.webhooks()
     return judge.violations() + slot_violations(store.read_slots(conn))
 
 

@@ -48,7 +48,7 @@ def status_word(detail: str) -> Status | None:
         return None
 
 
-def _entered(kind: EventKind, detail: str) -> Status | None:
+def entered(kind: EventKind, detail: str) -> Status | None:
     """The state a detail-named transition entered, or None if its detail does not name one it may."""
     if kind is EventKind.CORRECTED:
         match = _CORRECTION.match(detail)
@@ -101,7 +101,7 @@ def replay_problems(job: Row, events: Sequence[Row], cancellations: Iterable[Row
             claims += 1
         elif event["attempt_id"] != attempt:
             problems.append(f"{where} by attempt {event['attempt_id']}, but the job's attempt is {attempt}")
-        target = enters if enters is not None else _entered(kind, detail)
+        target = enters if enters is not None else entered(kind, detail)
         if target is None:
             problems.append(f"{where} names no state it may enter ({detail!r})")
             continue

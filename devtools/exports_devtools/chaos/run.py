@@ -170,7 +170,9 @@ class Soak:
         with connect_owner(system.owner_url) as conn:
             found = checker.check(conn, partner_root=system.partner_root, remote_dir=system.remote_dir,
                                   partner_renames=system.partner_renames(), work_dirs=system.work_dirs,
-                                  ledger=self.ledger)
+                                  ledger=self.ledger, webhooks_received=system.receiver.delivered()
+                                  if system.receiver is not None else None)
+        found += self._unverified(system)
         if not settled:
             say("  the system did not settle in time; the checker names what was left")
         return [*watch.violations, *found]
@@ -183,6 +185,14 @@ class Soak:
             if kind not in short:
                 stop.set()
         return short
+
+    @staticmethod
+    def _unverified(system: ChaosSystem) -> list[Violation]:
+        """A request the receiver got whose signature did not verify: the notifier signed it wrong."""
+        received = system.receiver.received() if system.receiver is not None else []
+        bad = [r for r in received if not r.verified]
+        return [Violation("webhook-unverified", None, f"{len(bad)} of {len(received)} webhook requests did not "
+                          f"verify: {sorted({r.problem or '' for r in bad})}")] if bad else []
 
     def _fault_loop(self, system: ChaosSystem, fault: Fault, rng: random.Random, mean_interval: float,
                     stop: threading.Event) -> None:
@@ -222,7 +232,8 @@ class Soak:
         def quiet() -> bool:
             with connect_owner(system.owner_url) as conn:
                 counts = chaos.counts_by_status(conn)
-                return not any(counts.get(s) for s in UNSETTLED) and chaos.unpublished_outbox(conn) == 0
+                return (not any(counts.get(s) for s in UNSETTLED) and chaos.unpublished_outbox(conn) == 0
+                        and chaos.pending_webhooks(conn) == 0)
 
         deadline = time.monotonic() + self.options.settle_minutes * 60
         while time.monotonic() < deadline:
@@ -260,6 +271,13 @@ class Soak:
             f"(missed {sum(self.missed.values())}); operator: {len(self.ledger.cancels)} cancels, "
             f"{self.ledger.replacements} replacements, {len(self.ledger.reconciliations)} reconciliations")
 
+    @staticmethod
+    def _webhooks(system: ChaosSystem) -> dict[str, Any]:
+        """What the tenant's receiver saw: requests, the events it took, and what it answered."""
+        received = system.receiver.received() if system.receiver is not None else []
+        return {"requests": len(received), "events_taken": len({r.event_id for r in received if r.verified}),
+                "answered": dict(Counter(str(r.answered) for r in received))}
+
     def _report(self, system: ChaosSystem, violations: list[Violation], started: float) -> dict[str, Any]:
         options = self.options
         with connect_owner(system.owner_url) as conn:
@@ -284,6 +302,7 @@ class Soak:
                          "reconciliations": len(self.ledger.reconciliations),
                          "unanswered": dict(self.unanswered), "errors": dict(self.workload_errors)},
             "schedule_slots": dict(Counter(r["outcome"] for r in slots.runs)),
+            "webhooks": self._webhooks(system),
             "violations": [v.as_json() for v in violations],
             "ok": not violations,
         }

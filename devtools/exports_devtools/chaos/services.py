@@ -27,7 +27,8 @@ from psycopg.conninfo import make_conninfo
 from app.config import Settings
 from app.store import logins
 from app.store.migrate import create_database, migrate
-from exports_devtools.chaos.settings import DESTINATIONS, PARTNER_USER, START_TIMEOUT
+from app.webhooks import signing
+from exports_devtools.chaos.settings import DESTINATIONS, PARTNER_USER, RECEIVER_FAILURE_RATE, START_TIMEOUT
 from exports_devtools.partner import client_key
 from exports_devtools.pgproxy import PgProxy
 from exports_devtools.processes import kill
@@ -35,6 +36,7 @@ from exports_devtools.sftp_server import EmbeddedSftpServer
 from exports_devtools.store import owner as store
 from exports_devtools.tcp_proxy import TcpProxy
 from exports_devtools.waiting import TimedOut, wait_until
+from exports_devtools.webhook_receiver import WebhookReceiver
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,8 @@ class _Redis:
 
 
 class SoakServices:
-    """The database, the broker and the partner of a ``ChaosSystem``, which sets the attributes declared
-    here (in its ``__init__``, and as it starts each service)."""
+    """The database, the broker, the partner and the webhook receiver of a ``ChaosSystem``, which sets the
+    attributes declared here (in its ``__init__``, and as it starts each service)."""
 
     state_dir: Path
     base_dir: Path
@@ -155,6 +157,8 @@ class SoakServices:
     redis: _Redis | None
     partner: EmbeddedSftpServer | None
     link: TcpProxy | None
+    receiver: WebhookReceiver | None
+    webhook_secret: str
     _client_key: Path
     _journal: list[PartnerRename]
     _journal_lock: threading.Lock
@@ -294,6 +298,15 @@ class SoakServices:
         self._client_key = private
         self.say(f"  partner: SFTP on 127.0.0.1:{self.partner.port}, link on {self.link.port}, "
                  f"files under {self.partner_root}")
+
+    # -- the tenant's webhook receiver -----------------------------------------------------------------
+
+    def _start_receiver(self, seed: int) -> None:
+        """A receiver in this process that verifies every request and answers 503 to a share of them."""
+        self.webhook_secret = signing.new_secret()
+        self.receiver = WebhookReceiver(self.webhook_secret, failure_rate=RECEIVER_FAILURE_RATE, seed=seed).start()
+        self.receiver.mode = "failing"
+        self.say(f"  webhook receiver on {self.receiver.url}, answering 503 to {RECEIVER_FAILURE_RATE:.0%} of requests")
 
     def _journal_rename(self, real_path: str) -> None:
         relative = "/" + os.path.relpath(real_path, self.partner_root)

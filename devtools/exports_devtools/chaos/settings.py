@@ -33,6 +33,12 @@ CHAOS_SETTINGS: dict[str, str] = {
     "EXPORTS_RELAY_METRICS": "off",
     "EXPORTS_SCHEDULER_METRICS": "off",
     "EXPORTS_WORKER_METRICS": "off",
+    "EXPORTS_NOTIFIER_METRICS": "off",
+    # A receiver that fails now and then is tried again within two seconds, so the settle sees it drained.
+    "EXPORTS_WEBHOOK_POLL_SECONDS": "0.5",
+    "EXPORTS_WEBHOOK_TIMEOUT_SECONDS": "2",
+    "EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS": "0.25",
+    "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS": "2",
 }
 TENANT = "Chaos Retail"
 OPERATOR = "chaos-operator"
@@ -49,10 +55,16 @@ PROCESSES: dict[str, tuple[tuple[str, ...], int]] = {
     "scheduler": (("scheduler",), signal.SIGTERM),
     # A second scheduler: the two race for every schedule slot (and every takeover), as two hosts' would.
     "scheduler-2": (("scheduler",), signal.SIGTERM),
+    "notifier": (("notifier",), signal.SIGTERM),
 }
 #: The soak's schedules (with ``schedules=True``), on its first destination: (cron with seconds first,
 #: incremental). Every few seconds each, so a soak decides hundreds of slots under its faults.
 SCHEDULES = (("*/3 * * * * *", False), ("*/5 * * * * *", True))
+#: The tenant's webhook endpoint: its name, the variable its signing secret is in (in the processes'
+#: environment), and the share of requests its receiver answers 503 (a receiver that fails now and then).
+WEBHOOK = "tenant-hooks"
+WEBHOOK_SECRET_VAR = "CHAOS_HOOK_SECRET"
+RECEIVER_FAILURE_RATE = 0.2
 #: The application_name of every pool a worker process opens (app/actors): its sessions, for pg-terminate.
 WORKER_APPLICATION_NAMES = ("exports-worker", "exports-slots", "exports-builder", "exports-lease", "exports-watcher")
 #: Seconds one setup command may take; seconds a service gets to start.

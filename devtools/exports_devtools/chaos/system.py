@@ -12,12 +12,15 @@
 - The partner: an ``EmbeddedSftpServer`` in this process (its ``faults`` reachable), behind a
   ``TcpProxy`` link that the destinations point at, and a journal of every rename that put a file in
   place under a final name (``partner_journal()``, ``partner_renames()``).
+- The tenant's webhook receiver: a ``WebhookReceiver`` in this process that verifies every request and
+  answers 503 to a share of them (``receiver``).
 - A tenant with contacts, an operator allowed to reconcile, one destination (and optionally a second,
-  in another directory, for edits), made through the real ``exports`` commands.
+  in another directory, for edits) and a webhook endpoint on the receiver, made through the real
+  ``exports`` commands.
 - With ``schedules``, the schedules of ``SCHEDULES`` (firing every few seconds; ``pause_schedules()`` stops
   them before the soak settles).
-- The relay, three workers and two schedulers, as ``exports`` subprocesses (``ProcessGroup``), logs under
-  the state directory, on the short clocks of ``CHAOS_SETTINGS``.
+- The relay, three workers, two schedulers and the notifier, as ``exports`` subprocesses
+  (``ProcessGroup``), logs under the state directory, on the short clocks of ``CHAOS_SETTINGS``.
 
 The services (database, broker, partner) are started and restarted by ``SoakServices``
 (devtools/exports_devtools/chaos/services.py), which this class extends.
@@ -58,6 +61,8 @@ from exports_devtools.chaos.settings import (
     SCHEDULES,
     START_TIMEOUT,
     TENANT,
+    WEBHOOK,
+    WEBHOOK_SECRET_VAR,
     WORKER_APPLICATION_NAMES,
 )
 from exports_devtools.pgproxy import PgProxy
@@ -65,6 +70,7 @@ from exports_devtools.processes import EXPORTS, ProcessGroup, Running, clean_env
 from exports_devtools.sftp_server import EmbeddedSftpServer
 from exports_devtools.store import owner as store
 from exports_devtools.tcp_proxy import TcpProxy
+from exports_devtools.webhook_receiver import WebhookReceiver
 
 __all__ = [
     "CHAOS_SETTINGS", "COMMAND_TIMEOUT", "CONTACTS", "DESTINATIONS", "OPERATOR", "PARTNER_USER", "PROCESSES",
@@ -122,6 +128,8 @@ class ChaosSystem(SoakServices):
         self.proxy: PgProxy | None = None
         self.partner: EmbeddedSftpServer | None = None
         self.link: TcpProxy | None = None
+        self.receiver: WebhookReceiver | None = None
+        self.webhook_secret = ""
         self.processes: ProcessGroup | None = None
         self.embedded_database = database_url is None
         self.started_database = False
@@ -160,6 +168,7 @@ class ChaosSystem(SoakServices):
         self._start_database()
         self._start_broker()
         self._start_partner()
+        self._start_receiver(seed=int.from_bytes(self.database.encode()[-4:], "big"))
         self._set_env()
         self._add_tenant()
         self._start_processes()
@@ -168,7 +177,8 @@ class ChaosSystem(SoakServices):
     def _set_env(self) -> None:
         assert self.proxy is not None
         common = dict(EXPORTS_BROKER_URL=self.broker_url, EXPORTS_STATE_DIR=str(self.state_dir),
-                      EXPORTS_WORK_DIR=str(self.work_dir), **self.settings)
+                      EXPORTS_WORK_DIR=str(self.work_dir), **{WEBHOOK_SECRET_VAR: self.webhook_secret},
+                      **self.settings)
         self.env = clean_environ(EXPORTS_DATABASE_URL=self.proxy.url_for(self.app_url),
                                  EXPORTS_RECONCILER_DATABASE_URL=self.proxy.url_for(self.reconciler_url), **common)
         self.cli_env = clean_environ(EXPORTS_DATABASE_URL=self.app_url,
@@ -203,8 +213,11 @@ class ChaosSystem(SoakServices):
             destination_id = UUID(added["destination_id"])
             self.destination_ids.append(destination_id)
             self.remote_dirs[destination_id] = remote_dir
+        assert self.receiver is not None
+        self.cli("webhook", "add", "--tenant", self.tenant, "--name", WEBHOOK, "--url", self.receiver.url,
+                 "--allow-http", "--secret-ref", f"env:{WEBHOOK_SECRET_VAR}")
         self.say(f"  tenant {self.tenant!r} ({self.tenant_id}), {self.contacts} contacts, operator {self.operator!r}, "
-                 f"{len(self.destination_ids)} destination(s) through the link")
+                 f"{len(self.destination_ids)} destination(s) through the link, webhook {WEBHOOK!r}")
         for cron, incremental in SCHEDULES if self.with_schedules else ():
             added = self.cli_json("schedule", "add", "--tenant", self.tenant, "--destination", DESTINATIONS[0][0],
                                   "--cron", cron, "--timezone", "Europe/Berlin", "--by", self.operator,
@@ -364,6 +377,8 @@ class ChaosSystem(SoakServices):
             attempt("closing the link", self.link.close)
         if self.partner is not None:
             attempt("stopping the partner", self.partner.stop)
+        if self.receiver is not None:
+            attempt("stopping the webhook receiver", self.receiver.stop)
         if self.proxy is not None:
             attempt("closing the proxy", self.proxy.close)
         if self._owner is not None:
@@ -380,7 +395,7 @@ class ChaosSystem(SoakServices):
 
             settings = Settings(state_dir=self.state_dir)
             attempt("stopping the embedded PostgreSQL", lambda: embedded.stop_database(settings))
-        self.processes = self.proxy = self.partner = self.link = self.redis = None
+        self.processes = self.proxy = self.partner = self.link = self.redis = self.receiver = None
         self._owner = None
         return problems
 

@@ -19,14 +19,17 @@ Row = dict[str, Any]
 @dataclass(frozen=True)
 class History:
     """Every row the checker judges, read in one snapshot: jobs in creation order (each with its
-    destination's ``remote_dir``); events, outbox rows and cancellation requests by job, each job's in the
-    order they were written; and every destination's directory."""
+    destination's ``remote_dir``); events, outbox rows, cancellation requests and webhook deliveries by
+    job, each job's in the order they were written; every destination's directory; and the tenants with a
+    webhook endpoint."""
 
     jobs: list[Row]
     events: dict[UUID, list[Row]]
     outbox: dict[UUID, list[Row]]
     cancellations: dict[UUID, list[Row]]
     remote_dirs: list[str]
+    webhooks: dict[UUID, list[Row]]
+    notified_tenants: frozenset[UUID]
 
 
 def _by_job(rows: list[Row]) -> dict[UUID, list[Row]]:
@@ -46,7 +49,10 @@ def read_history(conn: psycopg.Connection[Any]) -> History:
         outbox = queries.fetch_all(conn, "chaos_outbox")
         cancellations = queries.fetch_all(conn, "chaos_cancellations")
         remote_dirs = [r["remote_dir"] for r in queries.fetch_all(conn, "chaos_remote_dirs")]
-    return History(jobs, _by_job(events), _by_job(outbox), _by_job(cancellations), remote_dirs)
+        webhooks = queries.fetch_all(conn, "chaos_webhook_deliveries")
+        notified = frozenset(r["tenant_id"] for r in queries.fetch_all(conn, "chaos_notified_tenants"))
+    return History(jobs, _by_job(events), _by_job(outbox), _by_job(cancellations), remote_dirs, _by_job(webhooks),
+                   notified)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,12 @@ def status_of(conn: psycopg.Connection[Any], job_ids: Iterable[UUID]) -> dict[UU
 def unpublished_outbox(conn: psycopg.Connection[Any], *, due_only: bool = False) -> int:
     """Outbox rows not published yet; with ``due_only``, only those already due."""
     row = queries.fetch_one(conn, "chaos_unpublished_outbox", dict(due_only=due_only))
+    return row["n"] if row else 0
+
+
+def pending_webhooks(conn: psycopg.Connection[Any]) -> int:
+    """Webhook deliveries still owed to a receiver."""
+    row = queries.fetch_one(conn, "chaos_pending_webhooks")
     return row["n"] if row else 0
 
 

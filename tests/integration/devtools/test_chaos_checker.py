@@ -577,3 +577,28 @@ def test_a_completed_job_whose_marker_is_missing_or_not_the_recorded_one_is_name
     violations = world.check()
     assert [(v.rule, v.job_id) for v in violations] == [("completed-file-mismatch", job.id)]
     assert "completion marker" in violations[0].detail and "missing" in violations[0].detail
+
+
+def _hook_for(world: World, job: Job, *, removed: bool, state: str) -> None:
+    """An endpoint of the job's tenant (removed, or live) and a delivery of the job's Completed to it."""
+    endpoint = uuid.uuid4()
+    _forge(world.admin, "INSERT INTO webhook_endpoints (id, tenant_id, name, url, secret_ref, created_by, removed_by,"
+                        " removed_at) VALUES (%s, %s, 'hooks', 'https://h.example/', 'env:H', 't', %s, %s)",
+           (endpoint, job.tenant_id, "t" if removed else None, "now()" if removed else None))
+    _forge(world.admin, "INSERT INTO webhook_deliveries (endpoint_id, tenant_id, job_id, status, source, state,"
+                        " finished_at) VALUES (%s, %s, %s, 'Completed', 'worker', %s, %s)",
+           (endpoint, job.tenant_id, job.id, state, None if state == "pending" else "now()"))
+
+
+def test_a_webhook_told_of_a_tenant_without_a_live_endpoint_is_a_webhook_mismatch(world):
+    job = world.jobs["completed"]
+    _hook_for(world, job, removed=True, state="delivered")
+
+    assert world.fired() == {("webhook-mismatch", job.id)}
+
+
+def test_a_webhook_delivery_left_pending_is_webhook_undelivered(world):
+    job = world.jobs["completed"]
+    _hook_for(world, job, removed=False, state="pending")
+
+    assert world.fired() == {("webhook-undelivered", job.id)}

@@ -1,9 +1,9 @@
 """What the database holds, read as the owner, and how it differs from the reference model.
 
-Two kinds of check: ``differences`` compares every job, its history, its wake-ups and its
-cancellation requests with the model; ``Transitions`` checks, from the database alone, that each status
-change since the last look is proved by the event the protocol requires and that nothing but a
-correction moved a terminal job.
+Two kinds of check: ``differences`` compares every job, its history, its wake-ups, its webhook
+deliveries and its cancellation requests with the model; ``Transitions`` checks, from the database
+alone, that each status change since the last look is proved by the event the protocol requires and
+that nothing but a correction moved a terminal job.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class Snapshot:
     wakeups: Counter
     message_ids_keyed_on_jobs: int
     requests: dict[tuple[UUID, UUID], dict]
+    #: Each job's webhook deliveries, in the order their outcomes committed: (status, failure code).
+    told: dict[UUID, list[tuple[str, str | None]]]
 
 
 def snapshot(admin: psycopg.Connection) -> Snapshot:
@@ -52,7 +54,10 @@ def snapshot(admin: psycopg.Connection) -> Snapshot:
         "SELECT job_id, count(*) AS n FROM outbox GROUP BY job_id")})
     keyed = admin.execute("SELECT count(*) AS n FROM outbox WHERE message_id = job_id").fetchone()["n"]
     requests = {(r["tenant_id"], r["id"]): r for r in admin.execute("SELECT * FROM cancellation_requests")}
-    return Snapshot(rows, dict(events), wakeups, keyed, requests)
+    told: dict[UUID, list[tuple[str, str | None]]] = defaultdict(list)
+    for d in admin.execute("SELECT job_id, status, failure_reason FROM webhook_deliveries ORDER BY occurred_at, id"):
+        told[d["job_id"]].append((d["status"], d["failure_reason"]))
+    return Snapshot(rows, dict(events), wakeups, keyed, requests, dict(told))
 
 
 def _lease(row: dict) -> str | None:
@@ -86,6 +91,8 @@ def differences(now: Snapshot, model: Model) -> list[str]:
             found.append(f"{name}: events {_kinds(history)}, the model says {_kinds(job.history)}")
         if now.wakeups[job_id] != job.wakeups:
             found.append(f"{name}: {now.wakeups[job_id]} outbox rows, the model says {job.wakeups}")
+        if now.told.get(job_id, []) != job.told:
+            found.append(f"{name}: webhook deliveries {now.told.get(job_id, [])}, the model says {job.told}")
     if now.message_ids_keyed_on_jobs:
         found.append(f"{now.message_ids_keyed_on_jobs} outbox rows reuse the job id as their message id")
     if set(now.requests) != set(model.requests):

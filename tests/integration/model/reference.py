@@ -95,6 +95,8 @@ class Job:
     history: list[tuple[str, UUID]] = field(default_factory=list)
     #: Attempts whose appended evidence includes a receipt of their own expected file.
     proven_attempts: set[UUID] = field(default_factory=set)
+    #: What the tenant's webhook endpoint was told, in order: (status, failure code), one per outcome.
+    told: list[tuple[str, str | None]] = field(default_factory=list)
 
     def record(self, kind: str, attempt: UUID) -> None:
         self.history.append((kind, attempt))
@@ -117,6 +119,13 @@ class Model:
     keys: dict[UUID, set[str]] = field(default_factory=dict)
     destinations: dict[UUID, UUID] = field(default_factory=dict)   # destination -> tenant
     requests: dict[tuple[UUID, UUID], Request] = field(default_factory=dict)   # (tenant, request id)
+    #: Tenants with a webhook endpoint: each outcome of their jobs (a terminal status, or OutcomeUnknown) is
+    #: told to it by the write that gives it, and nothing else is.
+    notified_tenants: set[UUID] = field(default_factory=set)
+
+    def tell(self, job: Job) -> None:
+        if job.tenant in self.notified_tenants:
+            job.told.append((job.status, job.failure))
 
     # --- creation and terms (the operator) ------------------------------------------------------
 
@@ -158,6 +167,7 @@ class Model:
         if job.status != QUEUED or job.version != checked_version:
             return False
         job.status = REJECTED
+        self.tell(job)
         return True
 
     # --- the worker's attempt -------------------------------------------------------------------
@@ -259,6 +269,7 @@ class Model:
     def _end(self, job: Job, status: str, failure: str | None, kind: str) -> None:
         job.status, job.failure, job.lease = status, failure, None
         job.record(kind, job.attempt)
+        self.tell(job)
 
     # --- the operator's cancellation ------------------------------------------------------------
 
@@ -278,6 +289,7 @@ class Model:
                                                       job.attempt_count)
         if outcome == "CanceledWhileQueued":
             job.status, job.canceled_by = CANCELED, request_id
+            self.tell(job)
         elif outcome == "StopRequested":
             job.stop_request = request_id
         return "Recorded", outcome
@@ -403,6 +415,7 @@ class Model:
             return False   # a file under the shared name may be the replacement's
         job.status, job.failure = resolution, "NotDelivered" if resolution == FAILED else None
         job.record("Reconciled", attempt)
+        self.tell(job)
         return True
 
     def correctable(self, tenant: UUID, job_id: UUID, attempt: UUID | None, recorded: str, corrected: str) -> bool:
@@ -419,4 +432,5 @@ class Model:
         job = self.jobs[job_id]
         job.status, job.failure = corrected, code if corrected == FAILED else None
         job.record("Corrected", attempt)
+        self.tell(job)
         return True

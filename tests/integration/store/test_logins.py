@@ -73,7 +73,7 @@ def test_the_script_is_idempotent_and_names_each_membership(login_names, pg_serv
     logins.apply(pg_server_url, login_names)   # a second time: no error, nothing new
     text = logins.script(admin, login_names)
 
-    assert 'GRANT "exports_app", "exports_dispatcher" TO "exports_app_login"' in text
+    assert 'GRANT "exports_app", "exports_dispatcher", "exports_notifier" TO "exports_app_login"' in text
     assert 'GRANT "exports_reconciler" TO "exports_reconciler_login"' in text
 
 

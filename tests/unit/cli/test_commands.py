@@ -69,7 +69,7 @@ def test_exports_help_lists_every_command_and_exits_zero(capsys):
     top = {path[0] for path in LEAVES}
     assert top == {"db", "tenant", "destination", "operator", "contacts", "create", "cancel", "edit", "replace",
                    "reconcile", "correct", "show", "list", "watch", "health", "processes", "outbox", "relay",
-                   "scheduler", "worker", "demo", "chaos", "preview", "schedule"}
+                   "scheduler", "worker", "notifier", "webhook", "demo", "chaos", "preview", "schedule"}
     assert all(f"    {command}" in out for command in top)
 
 
@@ -179,7 +179,8 @@ def test_chaos_names_its_fault_kinds_and_refuses_an_unknown_one_before_starting_
                                                                                         monkeypatch):
     monkeypatch.setenv("EXPORTS_STATE_DIR", str(tmp_path))
     code, out, _ = _run(capsys, "chaos", "--faults", "list")
-    assert code == 0 and "kill-after-rename" in out.split() and len(out.split()) == 19
+    assert code == 0 and "kill-after-rename" in out.split() and "webhook-receiver-down" in out.split()
+    assert len(out.split()) == 21
 
     code, _, err = _run(capsys, "chaos", "--faults", "kill-worker,unplug-the-\x1b[31mcable")
     assert code == 2

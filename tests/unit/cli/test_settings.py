@@ -113,3 +113,34 @@ def test_the_deferral_backoff_budget_and_retry_policy_are_read_from_the_environm
 def test_a_deferral_setting_that_could_not_work_is_refused_naming_the_variable(env):
     with pytest.raises(ConfigError, match="EXPORTS_DEFER_"):
         Settings.from_env(env)
+
+
+def test_the_notifier_s_settings_are_read_from_the_environment_with_their_defaults():
+    settings = Settings.from_env({"EXPORTS_WEBHOOK_SENDERS": "2", "EXPORTS_WEBHOOK_BATCH": "5",
+                                  "EXPORTS_WEBHOOK_POLL_SECONDS": "0.2", "EXPORTS_WEBHOOK_TIMEOUT_SECONDS": "3",
+                                  "EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS": "1",
+                                  "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS": "60",
+                                  "EXPORTS_WEBHOOK_GIVE_UP_SECONDS": "3600", "EXPORTS_WEBHOOK_LATE_SECONDS": "120",
+                                  "EXPORTS_NOTIFIER_METRICS": "off"})
+
+    assert (settings.webhook_senders, settings.webhook_batch_size, settings.webhook_poll_seconds,
+            settings.webhook_timeout_seconds) == (2, 5, 0.2, 3.0)
+    assert (settings.webhook_backoff_base_seconds, settings.webhook_backoff_max_seconds,
+            settings.webhook_give_up_seconds, settings.webhook_late_seconds) == (1.0, 60.0, 3600.0, 120.0)
+    assert settings.notifier_metrics == "off"
+    defaults = Settings.from_env({})
+    assert (defaults.webhook_backoff_base_seconds, defaults.webhook_backoff_max_seconds,
+            defaults.webhook_give_up_seconds, defaults.notifier_metrics) == (10.0, 3600.0, 3 * 86400.0,
+                                                                             "127.0.0.1:9464")
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS": "60", "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS": "10"},
+     "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS"),
+    ({"EXPORTS_WEBHOOK_SENDERS": "0"}, "EXPORTS_WEBHOOK_SENDERS"),
+    ({"EXPORTS_WEBHOOK_TIMEOUT_SECONDS": "never"}, "EXPORTS_WEBHOOK_TIMEOUT_SECONDS"),
+    ({"EXPORTS_NOTIFIER_METRICS": "everywhere"}, "EXPORTS_NOTIFIER_METRICS"),
+])
+def test_a_notifier_setting_that_could_not_work_is_refused_naming_the_variable(env, named):
+    with pytest.raises(ConfigError, match=named):
+        Settings.from_env(env)

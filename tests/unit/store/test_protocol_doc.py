@@ -50,9 +50,10 @@ def test_every_row_names_the_store_function_that_runs_its_statement():
     assert wrong == []
 
 
-def test_every_statement_that_changes_an_export_or_the_outbox_has_a_row():
+def test_every_statement_that_changes_an_export_the_outbox_or_a_webhook_delivery_has_a_row():
     documented = {r["statement"] for r in rows()}
     changing = {name for name, text in STATEMENTS.items()
-                if re.search(r"\b(UPDATE export_jobs|INSERT INTO export_jobs|UPDATE outbox)\b", text)}
+                if re.search(r"\b(UPDATE export_jobs|INSERT INTO export_jobs|UPDATE outbox|UPDATE webhook_deliveries"
+                             r"|INSERT INTO webhook_deliveries)\b", text)}
 
     assert sorted(changing - documented) == []

@@ -11,7 +11,8 @@ the point caught (the build's ``{job}.{attempt}.csv.part``, the upload's ``.{fin
 names the job's ``claimed_by`` (``host:pid:thread``), which names the worker. When no owner can be
 found, every worker is a candidate and every one is killed.
 
-The kinds live by what they strike: ``database.py``, ``processes.py``, ``partner.py``, ``broker.py``;
+The kinds live by what they strike: ``database.py``, ``processes.py``, ``partner.py``, ``broker.py``,
+``webhooks.py``;
 ``common.py`` has the protocol and the helpers they share. ``KINDS`` lists them all, in a stable order;
 this module re-exports every name the single ``faults.py`` it replaces had.
 """
@@ -45,13 +46,15 @@ from exports_devtools.chaos.faults.database import (
 )
 from exports_devtools.chaos.faults.partner import STALLED_REQUESTS, PartnerDown, SftpStall, SftpTrap
 from exports_devtools.chaos.faults.processes import KillAtPartner, KillMidBuild, KillProcess, SigstopWorker
+from exports_devtools.chaos.faults.webhooks import ReceiverDown
 from exports_devtools.chaos.record import Injection
 from exports_devtools.chaos.system import ChaosSystem
 
 __all__ = [
     "BOUND", "DRAMATIQ_NAMESPACE", "KINDS", "LASTING_KINDS", "LOST_RESPONSE_STATEMENTS", "POLL", "STALLED_REQUESTS",
     "STALLED_STATEMENTS", "WAITING_KINDS", "BrokerQueueLost", "Fault", "Injection", "KillAtPartner", "KillMidBuild",
-    "KillProcess", "PartnerDown", "PgLostResponse", "PgRestart", "PgStall", "PgTerminate", "RedisRestart",
+    "KillProcess", "PartnerDown", "PgLostResponse", "PgRestart", "PgStall", "PgTerminate", "ReceiverDown",
+    "RedisRestart",
     "SftpStall", "SftpTrap", "SigstopWorker", "attempt_in", "inject", "kill_owners", "lease_seconds", "owner_of",
     "past_the_lease", "pause", "typical_size", "wait_for",
 ]
@@ -68,6 +71,7 @@ def _registry() -> dict[str, Fault]:
         KillProcess("kill-worker", ("worker",), frozenset({"worker"})),
         KillProcess("kill-relay", ("relay",), frozenset({"relay"})),
         KillProcess("kill-scheduler", ("scheduler",), frozenset({"scheduler"})),
+        KillProcess("kill-notifier", ("notifier",), frozenset({"notifier"})),
         KillMidBuild(),
         KillAtPartner("kill-after-cutoff-2", "open"),
         KillAtPartner("kill-mid-upload", "write"),
@@ -78,6 +82,7 @@ def _registry() -> dict[str, Fault]:
         PartnerDown(),
         RedisRestart(),
         BrokerQueueLost(),
+        ReceiverDown(),
     ]
     return {fault.kind: fault for fault in faults}
 

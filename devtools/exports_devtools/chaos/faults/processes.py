@@ -51,7 +51,7 @@ class SigstopWorker:
 
 @dataclass
 class KillProcess:
-    """SIGKILL of a process (a random worker, the relay or the scheduler) at a random moment, started
+    """SIGKILL of a process (a random worker, the relay, the scheduler or the notifier) at a random moment, started
     again at once."""
 
     kind: str

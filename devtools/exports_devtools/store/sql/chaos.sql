@@ -47,6 +47,20 @@ SELECT tenant_id, id, job_id, requested_by, reason, outcome, found_status, found
 FROM cancellation_requests
 ORDER BY job_id, recorded_at, id;
 
+-- name: chaos_webhook_deliveries
+-- Every webhook delivery, each job's in the order its outcomes committed.
+SELECT id, endpoint_id, tenant_id, job_id, attempt_id, status, failure_reason, source, occurred_at, state, attempts
+FROM webhook_deliveries
+ORDER BY job_id, occurred_at, id;
+
+-- name: chaos_notified_tenants
+-- The tenants with a live webhook endpoint: each outcome of their jobs must have told it.
+SELECT DISTINCT tenant_id FROM webhook_endpoints WHERE removed_at IS NULL;
+
+-- name: chaos_pending_webhooks
+-- Webhook deliveries still owed to a receiver: the system has not settled while there are any.
+SELECT count(*)::int AS n FROM webhook_deliveries WHERE state = 'pending';
+
 -- name: chaos_job_events
 SELECT id, job_id, attempt_id, kind, version, worker_id, observed_by, detail, recorded_at
 FROM export_attempt_events

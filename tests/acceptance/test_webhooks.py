@@ -1,0 +1,196 @@
+"""A tenant's webhooks as an operator sets them up and a receiver sees them: the real ``exports webhook``
+commands and the real ``exports notifier`` process, against a real PostgreSQL and a receiver on loopback.
+Every bad input answers its exit code in one line on stderr, with nothing written and no secret echoed."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.store.types import Status
+from app.webhooks import signing
+from exports_devtools.processes import clean_environ
+from exports_devtools.waiting import wait_until
+from exports_devtools.webhook_receiver import WebhookReceiver
+from tests.fixtures.processes import ExportsCli
+
+SECRET = signing.new_secret()
+
+
+@pytest.fixture
+def cli(db_url, tmp_path) -> ExportsCli:
+    return ExportsCli(clean_environ(EXPORTS_DATABASE_URL=db_url, EXPORTS_STATE_DIR=str(tmp_path / "state"),
+                                    ACME_HOOK_SECRET=SECRET))
+
+
+@pytest.fixture
+def receiver():
+    hook = WebhookReceiver(SECRET).start()
+    yield hook
+    hook.stop()
+
+
+@pytest.fixture
+def tenant(seed):
+    return seed.tenant("Acme")
+
+
+def endpoints(admin) -> list[dict]:
+    return admin.execute("SELECT * FROM webhook_endpoints ORDER BY created_at").fetchall()
+
+
+def one_line_error(result) -> None:
+    assert "Traceback" not in result.stderr, str(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("exports"), str(result)
+
+
+def add(cli, url: str, *more: str, expect: int = EXIT_OK):
+    """``webhook add`` of endpoint 'prod' for Acme; --json when it is expected to succeed."""
+    return cli("webhook", "add", "--tenant", "Acme", "--name", "prod", "--url", url,
+               "--secret-ref", "env:ACME_HOOK_SECRET", *more, *(("--json",) if expect == EXIT_OK else ()),
+               expect=expect)
+
+
+def test_new_secret_prints_a_standard_webhooks_secret(cli):
+    secret = cli("webhook", "new-secret").stdout.strip()
+
+    assert len(signing.decode_secret(secret)) == 32
+
+
+def test_webhook_add_stores_the_url_and_only_a_reference_to_the_secret(cli, admin, tenant):
+    added = add(cli, "https://hooks.acme.example/exports", "--by", "dana").json
+
+    (row,) = endpoints(admin)
+    assert (row["id"], row["tenant_id"], row["url"], row["secret_ref"], row["created_by"], row["allow_http"]) == (
+        uuid.UUID(added["webhook_id"]), tenant, "https://hooks.acme.example/exports", "env:ACME_HOOK_SECRET", "dana",
+        False)
+    assert SECRET not in json.dumps({k: str(v) for k, v in row.items()})
+
+
+@pytest.mark.parametrize("url, flags, why", [
+    ("http://hooks.acme.example/exports", (), "must be https"),
+    ("http://hooks.acme.example/exports", ("--allow-http",), "loopback receiver only"),
+    ("https://user:pa55@hooks.acme.example/exports", (), "must not carry credentials"),
+    ("ftp://hooks.acme.example/exports", (), "must be https"),
+    ("https://hooks.acme.example:99999/", (), "not a URL"),
+])
+def test_webhook_add_refuses_a_url_a_notifier_must_not_post_to_and_writes_nothing(cli, admin, tenant, url, flags, why):
+    result = add(cli, url, *flags, expect=EXIT_BAD_INPUT)
+
+    one_line_error(result)
+    assert why in result.stderr and endpoints(admin) == []
+
+
+def test_webhook_add_refuses_a_secret_pasted_for_its_reference_without_echoing_it(cli, admin, tenant):
+    result = cli("webhook", "add", "--tenant", "Acme", "--name", "prod", "--url", "https://hooks.acme.example/",
+                 "--secret-ref", SECRET, expect=EXIT_BAD_INPUT)
+
+    one_line_error(result)
+    assert "env:NAME or file:/absolute/path" in result.stderr
+    assert SECRET not in result.stderr + result.stdout and endpoints(admin) == []
+
+
+def test_webhook_add_for_an_unknown_tenant_or_a_taken_name_answers_its_code(cli, admin, tenant):
+    add(cli, "https://hooks.acme.example/a")
+
+    taken = add(cli, "https://hooks.acme.example/b", expect=EXIT_REFUSED)
+    unknown = cli("webhook", "add", "--tenant", "Nobody", "--name", "x", "--url", "https://h.example/",
+                  "--secret-ref", "env:X", expect=EXIT_NOT_FOUND)
+
+    one_line_error(taken)
+    one_line_error(unknown)
+    assert "already has a webhook named 'prod'" in taken.stderr
+    assert [r["url"] for r in endpoints(admin)] == ["https://hooks.acme.example/a"]
+
+
+def test_webhook_test_posts_a_signed_request_the_receiver_verifies_and_records_nothing(cli, admin, tenant, receiver):
+    add(cli, receiver.url, "--allow-http")
+
+    answered = cli("webhook", "test", "--tenant", "Acme", "--webhook", "prod", "--json").json
+
+    (request,) = receiver.received()
+    assert request.verified and answered["delivered"] and answered["http_status"] == 204
+    assert request.event_id == answered["event_id"]
+    assert json.loads(request.body)["type"] == "webhook.test"
+    assert admin.execute("SELECT count(*) AS n FROM webhook_deliveries").fetchone()["n"] == 0
+
+
+def test_webhook_test_to_a_receiver_that_is_down_is_refused_in_one_line(cli, tenant, receiver):
+    add(cli, receiver.url, "--allow-http")
+    receiver.stop()
+
+    result = cli("webhook", "test", "--tenant", "Acme", "--webhook", "prod", expect=EXIT_REFUSED)
+
+    one_line_error(result)
+    assert "did not take the test request: the connection was refused or failed" in result.stderr
+
+
+def test_webhook_test_without_the_secret_in_this_shell_says_which_variable_and_sends_nothing(db_url, tmp_path, cli,
+                                                                                          tenant, receiver):
+    add(cli, receiver.url, "--allow-http")
+    bare = ExportsCli(clean_environ(EXPORTS_DATABASE_URL=db_url, EXPORTS_STATE_DIR=str(tmp_path / "state")))
+
+    result = bare("webhook", "test", "--tenant", "Acme", "--webhook", "prod", expect=EXIT_REFUSED)
+
+    one_line_error(result)
+    assert "environment variable ACME_HOOK_SECRET is not set" in result.stderr and receiver.received() == []
+
+
+def test_webhook_remove_then_show_or_remove_again_answers_not_found(cli, admin, tenant):
+    add(cli, "https://hooks.acme.example/a")
+
+    cli("webhook", "remove", "--tenant", "Acme", "--webhook", "prod", "--by", "dana")
+    again = cli("webhook", "remove", "--tenant", "Acme", "--webhook", "prod", expect=EXIT_NOT_FOUND)
+    shown = cli("webhook", "show", "--tenant", "Acme", "--webhook", "prod", expect=EXIT_NOT_FOUND)
+
+    one_line_error(again)
+    one_line_error(shown)
+    assert [(r["removed_by"], r["removed_at"] is not None) for r in endpoints(admin)] == [("dana", True)]
+    assert cli("webhook", "list", "--json").json == []
+
+
+def test_the_notifier_process_sends_each_outcome_and_list_and_show_account_for_it(cli, process_group, admin, seed,
+                                                                                 tenant, receiver):
+    add(cli, receiver.url, "--allow-http")
+    done = seed.finished(Status.COMPLETED, seed.queued(tenant))
+    receiver.stop()
+    failing = seed.finished(Status.OUTCOME_UNKNOWN, seed.queued(tenant))
+    group = process_group({**cli.env, "EXPORTS_NOTIFIER_METRICS": "off", "EXPORTS_WEBHOOK_POLL_SECONDS": "0.1",
+                           "EXPORTS_WEBHOOK_BACKOFF_BASE_SECONDS": "0.2", "EXPORTS_WEBHOOK_BACKOFF_MAX_SECONDS": "0.5"})
+    group.start("notifier", "notifier")
+
+    def attempts() -> int:
+        return admin.execute("SELECT count(*) AS n FROM webhook_attempts").fetchone()["n"]
+
+    wait_until(lambda: attempts() >= 2, "the notifier to try both events against the receiver that is down", 60)
+    shown = cli("webhook", "show", "--tenant", "Acme", "--webhook", "prod", "--json").json
+    receiver.start()
+    wait_until(lambda: receiver.delivered() >= {d["event_id"] for d in shown["deliveries"]},
+               "both events to reach the receiver once it is up", 60)
+    (notifier,) = group.stop_all()   # SIGTERM
+
+    assert notifier.problem() is None and notifier.code == 0, notifier.log()[-2000:]
+    assert shown["pending"] == 2 and {d["export_id"] for d in shown["deliveries"]} == {str(done.id), str(failing.id)}
+    assert all(d["last_result"] == "the connection was refused or failed" for d in shown["deliveries"])
+    statuses = {json.loads(r.body)["data"]["export_id"]: json.loads(r.body)["data"]["status"]
+                for r in receiver.received() if r.verified}
+    assert statuses == {str(done.id): "Completed", str(failing.id): "OutcomeUnknown"}
+    listed = cli("webhook", "list", "--tenant", "Acme", "--json").json
+    assert [(w["name"], w["pending"], w["dead"], w["last_result"]) for w in listed] == [("prod", 0, 0, "HTTP 204")]
+
+
+def test_health_fails_its_webhooks_check_while_an_endpoint_is_owed_an_event_past_the_limit(cli, admin, seed, tenant):
+    add(cli, "https://hooks.acme.example/a")
+    seed.finished(Status.COMPLETED, seed.queued(tenant))
+    admin.execute("SET session_replication_role = replica")
+    admin.execute("UPDATE webhook_deliveries SET occurred_at = occurred_at - interval '1 hour'")
+    admin.execute("SET session_replication_role = origin")
+
+    result = cli("health", "--json", expect=EXIT_FAILURE)
+
+    check = next(c for c in result.json["checks"] if c["name"] == "webhooks")
+    assert not check["ok"] and "late: Acme/prod" in check["detail"]
