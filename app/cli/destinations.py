@@ -1,4 +1,5 @@
-"""Partner destinations (add, edit, show, status, host-key add|remove): their parsers and handlers.
+"""Partner destinations (add, edit, show, status, host-key add|remove; pause, drain and resume are in
+``destination_pauses``): their parsers and handlers.
 
 A destination is an SFTP endpoint with its pinned host keys, and a delivery profile that says what the
 partner receives. ``destination add`` sets both; ``destination edit`` writes a new profile version
@@ -15,7 +16,7 @@ from typing import Any
 
 import paramiko
 
-from app.cli import delivery_options, profile_options
+from app.cli import delivery_options, destination_pauses, profile_options
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
     EXIT_NOT_FOUND,
@@ -41,7 +42,7 @@ from app.delivery.destination import Destination as SftpDestination
 from app.delivery.errors import CredentialError, DestinationError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
 from app.delivery.profile import Profile
-from app.store import directory, partner
+from app.store import directory, partner, pausing
 from app.store.views import Destination, Tenant
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
@@ -138,7 +139,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
                 description="Each destination's circuit (closed, or open since when and until its next probe), "
                             "the sessions open to it now over every worker host, the jobs waiting out a "
-                            "deferral, and the last connection error.", exits=(EXIT_NOT_FOUND,))
+                            "deferral, whether it is paused or draining (by whom, why) or its tenant paused and "
+                            "the queued exports that holds, and the last error: the newer of the last connection "
+                            "error and the newest failed export's cause.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
     p.set_defaults(handler=destination_status)
     keys = group(destination, "host-key", "the host keys a destination trusts (a partner rotating its key)")
@@ -163,7 +166,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     _naming_one(p)
     p.add_argument("--fingerprint", required=True, type=text(100), help="SHA256:... of the key to unpin")
     p.set_defaults(handler=host_key_remove)
+    for action, parser in destination_pauses.add(destination).items():
+        parser.set_defaults(handler=PAUSE_HANDLERS[action])
 
+
+def destination_pause(ctx: Context, args: argparse.Namespace) -> int:
+    return destination_pauses.pause(ctx, args)
+
+
+def destination_drain(ctx: Context, args: argparse.Namespace) -> int:
+    return destination_pauses.drain(ctx, args)
+
+
+def destination_resume(ctx: Context, args: argparse.Namespace) -> int:
+    return destination_pauses.resume(ctx, args)
+
+
+PAUSE_HANDLERS = {"pause": destination_pause, "drain": destination_drain, "resume": destination_resume}
 
 
 def _by(args: argparse.Namespace) -> str:
@@ -258,7 +277,8 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.connection() as conn:
         row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
         stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id, version=args.version)
-    if row is None:
+        pause = pausing.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
+    if row is None or pause is None:
         raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
     if stored is None:
         raise not_found(f"destination {found.name!r} has no profile version {args.version}")
@@ -268,7 +288,7 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                 ["name", found.name], ["id", found.id], ["server", f"{row['username']}@{row['host']}:{row['port']}"],
                 ["remote dir", row["remote_dir"]], ["credential", row["credential_ref"].split(":", 1)[0] + ":..."],
                 ["sessions", row["max_sessions"]], ["auto retries", row["auto_retries"] or "off"],
-                ["active", "yes" if row["active"] else "no"],
+                ["active", "yes" if row["active"] else "no"], ["paused", _pause_cell(pause)],
                 ["host keys", ", ".join(pinned.fingerprints())], *delivery_options.shown(row)[0],
                 ["profile", f"v{stored.version} of v{stored.current_version}, by {stored.created_by}, "
                             f"{stored.created_at:%Y-%m-%d %H:%M:%S}"]]
@@ -281,8 +301,27 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                       "auto_retries": row["auto_retries"], "active": row["active"],
                       "profile_version": stored.version, "current_profile_version": stored.current_version,
                       "profile_created_by": stored.created_by, "profile_created_at": stored.created_at,
-                      "profile": profile.to_json(), **delivery_options.shown(row)[1]})
+                      "profile": profile.to_json(), **delivery_options.shown(row)[1],
+                      "contract": {flag: row[flag] for flag in CONTRACT_FLAGS},
+                      "pause_state": pause.state.value if pause.state else "active", "paused_by": pause.paused_by,
+                      "paused_reason": pause.paused_reason, "paused_at": pause.paused_at,
+                      "tenant_paused": pause.tenant_paused_at is not None, "running": pause.running,
+                      "queued": pause.queued})
     return EXIT_OK
+
+
+#: The partner's contract flags a destination records, as its row names them.
+CONTRACT_FLAGS = ("remote_hash", "acknowledgments", "name_and_size_identify", "read_back")
+
+
+def _pause_cell(pause: pausing.DestinationPause) -> str:
+    if pause.state is not None:
+        return (f"{pause.state.value} by {pause.paused_by} since {pause.paused_at:%Y-%m-%d %H:%M:%S}"
+                + (f": {pause.paused_reason}" if pause.paused_reason else "")
+                + (f" ({pause.running} attempts running)" if pause.running else ""))
+    if pause.tenant_paused_at is not None:
+        return f"no, but its tenant is (by {pause.tenant_paused_by})"
+    return "no"
 
 
 def destination_check(ctx: Context, args: argparse.Namespace) -> int:
@@ -295,7 +334,16 @@ def destination_check(ctx: Context, args: argparse.Namespace) -> int:
 
 
 STATUS_HEADERS = ["tenant", "destination", "host", "circuit", "next probe", "failures", "sessions", "deferred",
-                  "retries", "last error"]
+                  "retries", "paused", "held", "last error"]
+
+
+def _paused(d: partner.DestinationStatus) -> str | None:
+    """The destination's pause as one cell: its state, who and why; or its tenant's."""
+    if d.pause_state is not None:
+        return f"{d.pause_state} by {d.paused_by}" + (f": {d.paused_reason}" if d.paused_reason else "")
+    if d.tenant_paused_at is not None:
+        return f"tenant paused by {d.tenant_paused_by}"
+    return None
 
 
 def destination_status(ctx: Context, args: argparse.Namespace) -> int:
@@ -304,11 +352,15 @@ def destination_status(ctx: Context, args: argparse.Namespace) -> int:
         found = partner.statuses(conn, tenant_id=tenant.id if tenant else None)
     rows = [[d.tenant_name, d.name, f"{d.host}:{d.port}", d.state + ("" if d.active else " (inactive)"),
              d.next_probe_at, d.failures or 0, f"{d.sessions_in_use}/{d.max_sessions}", d.deferred_jobs,
-             d.auto_retries or "off", d.last_error] for d in found]
+             d.auto_retries or "off", _paused(d), d.held_jobs, d.latest_error] for d in found]
     data = [{"destination_id": d.id, "tenant": d.tenant_name, "name": d.name, "host": d.host, "port": d.port,
              "active": d.active, "circuit": d.state, "opened_at": d.opened_at, "next_probe_at": d.next_probe_at,
              "failures": d.failures or 0, "sessions_in_use": d.sessions_in_use, "max_sessions": d.max_sessions,
-             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.last_error}
+             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.latest_error,
+             "last_connection_error": d.last_error, "last_failure": d.last_failure,
+             "last_failure_at": d.last_failure_at, "pause_state": d.pause_state or "active",
+             "paused_by": d.paused_by, "paused_reason": d.paused_reason, "paused_at": d.paused_at,
+             "tenant_paused": d.tenant_paused_at is not None, "held_jobs": d.held_jobs}
             for d in found]
     emit(ctx, table(STATUS_HEADERS, rows) if found else "no destinations", data)
     return EXIT_OK

@@ -104,8 +104,9 @@ def resume_tenant(conn: psycopg.Connection, *, tenant_id: UUID, changed_by: str,
     return Resumed(resumed=row["resumed"] == 1, woken=int(row["woken"]))
 
 
-def list_tenants(conn: psycopg.Connection) -> list[TenantRow]:
-    return [TenantRow(**row) for row in connector.fetch_all(conn, "pausing_list_tenants")]
+def list_tenants(conn: psycopg.Connection, *, tenant_id: UUID | None = None) -> list[TenantRow]:
+    """Every tenant, by name; only the one with ``tenant_id`` when it is given."""
+    return [TenantRow(**row) for row in connector.fetch_all(conn, "pausing_list_tenants", dict(tenant_id=tenant_id))]
 
 
 def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> DestinationPause | None:

@@ -100,7 +100,7 @@ wake AS (
 SELECT (SELECT count(*) FROM resumed) AS resumed, (SELECT count(*) FROM woken) AS woken;
 
 -- name: pausing_list_tenants
--- Every tenant with its pause, its destinations (and how many are paused or draining) and its exports
+-- Every tenant (or the one named) with its pause, its destinations (and how many are paused or draining) and its exports
 -- waiting in Queued or running now (ix_export_jobs_tenant_status).
 SELECT t.id, t.name, t.created_at, t.paused_by, t.paused_reason, t.paused_at,
        (SELECT count(*) FROM destinations d WHERE d.tenant_id = t.id) AS destinations,
@@ -110,6 +110,7 @@ SELECT t.id, t.name, t.created_at, t.paused_by, t.paused_reason, t.paused_at,
        (SELECT count(*) FROM export_jobs j WHERE j.tenant_id = t.id AND j.status IN ('Running', 'Delivering'))
            AS running
 FROM tenants t
+WHERE %(tenant_id)s::uuid IS NULL OR t.id = %(tenant_id)s::uuid
 ORDER BY t.name, t.id;
 
 -- name: pausing_read_destination
