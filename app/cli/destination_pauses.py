@@ -48,7 +48,7 @@ def add(destination: argparse._SubParsersAction) -> dict[str, Parser]:
                             "canceled nor failed, until `exports destination resume`. Attempts already running are "
                             "not stopped; use `destination drain` to wait for them. Pausing a draining destination "
                             "pauses it at once.", exits=(EXIT_NOT_FOUND,))
-    _naming(p)
+    add_naming(p)
     parsers = {"pause": p}
 
     p = command(destination, "drain", help_="let running exports finish, hold the rest, then pause",
@@ -59,7 +59,7 @@ def add(destination: argparse._SubParsersAction) -> dict[str, Parser]:
                 exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: --wait ran out with attempts still running; "
                                                           "the destination stays draining (run drain again to wait "
                                                           "more)")))
-    _naming(p)
+    add_naming(p)
     p.add_argument("--wait", type=positive_int(MAX_DRAIN_WAIT), metavar="SECONDS",
                    help="wait up to SECONDS for the running attempts to end, then answer (exit 4 if they did not)")
     parsers["drain"] = p
@@ -68,20 +68,23 @@ def add(destination: argparse._SubParsersAction) -> dict[str, Parser]:
                 description="Resume a paused or draining destination: its queued exports get a fresh wake-up in the "
                             "same statement and run as workers take them (those of a paused tenant keep waiting "
                             "for `exports tenant resume`).", exits=(EXIT_NOT_FOUND,))
-    _naming(p)
+    add_naming(p)
     parsers["resume"] = p
     return parsers
 
 
-def _naming(p: argparse.ArgumentParser) -> None:
+def add_naming(p: argparse.ArgumentParser, *, record: bool = True) -> None:
+    """NAME or --destination, and --tenant; with ``record``, --by and --reason too."""
     p.add_argument("name", nargs="?", type=name, metavar="NAME", help="destination id or exact name")
     p.add_argument("--destination", type=name, help="the same as NAME, as the other destination commands take it")
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    if not record:
+        return
     p.add_argument("--by", type=name, help="who does it, for the record (default: this login's name)")
     p.add_argument("--reason", type=text(), help="why, for the record and `destination status`")
 
 
-def _named(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destination]:
+def named(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destination]:
     if (args.name is None) == (args.destination is None):
         raise bad_input("name the destination once: NAME or --destination")
     views = ctx.views()
@@ -105,7 +108,7 @@ def _data(found: Destination, pause: pausing.DestinationPause, changed: bool, **
 
 
 def pause(ctx: Context, args: argparse.Namespace) -> int:
-    tenant, found = _named(ctx, args)
+    tenant, found = named(ctx, args)
     with ctx.connection() as conn:
         changed = pausing.pause_destination(conn, tenant_id=tenant.id, destination_id=found.id,
                                             changed_by=operator_name(args.by), reason=args.reason)
@@ -124,7 +127,7 @@ def _running(pause: pausing.DestinationPause) -> str:
 
 
 def drain(ctx: Context, args: argparse.Namespace) -> int:
-    tenant, found = _named(ctx, args)
+    tenant, found = named(ctx, args)
     with ctx.connection() as conn:
         changed = pausing.drain_destination(conn, tenant_id=tenant.id, destination_id=found.id,
                                             changed_by=operator_name(args.by), reason=args.reason)
@@ -148,7 +151,7 @@ def drain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def resume(ctx: Context, args: argparse.Namespace) -> int:
-    tenant, found = _named(ctx, args)
+    tenant, found = named(ctx, args)
     with ctx.connection() as conn:
         resumed = pausing.resume_destination(conn, tenant_id=tenant.id, destination_id=found.id,
                                              changed_by=operator_name(args.by), reason=args.reason)
