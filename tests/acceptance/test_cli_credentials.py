@@ -122,7 +122,8 @@ def test_destination_add_with_no_check_records_a_reference_for_a_server_not_up_y
     added = exports_cli(*_add(embedded_sftp, "--credential-ref", "env:NOPE", "--no-check"))
 
     assert "credential not checked (--no-check)" in added.stdout
-    assert admin.execute("SELECT count(*) AS n FROM destinations WHERE credential_ref = 'env:NOPE'").fetchone()["n"] == 1
+    recorded = admin.execute("SELECT count(*) AS n FROM destinations WHERE credential_ref = 'env:NOPE'").fetchone()
+    assert recorded["n"] == 1
 
 
 def test_destination_edit_changes_the_credential_reference_after_logging_in_with_it_and_records_who(
