@@ -19,10 +19,12 @@ SELECT
      AND coalesce(due_at, created_at) > (SELECT clock_timestamp())) AS scheduled,
     (SELECT count(*) FROM export_jobs WHERE status = 'Queued' AND deferrals > 0
      AND woken_at > (SELECT clock_timestamp())) AS deferred_jobs,
-    (SELECT extract(epoch FROM clock_timestamp() - min(woken_at)) FROM export_jobs j WHERE status = 'Queued'
+    -- ORDER BY ... LIMIT 1 rather than min(): with the pause checks min() would read every Queued row, this
+    -- reads ix_export_jobs_woken from its oldest entry until one is not held.
+    (SELECT extract(epoch FROM clock_timestamp() - j.woken_at) FROM export_jobs j WHERE status = 'Queued'
      AND NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = j.destination_id AND d.pause_state IS NOT NULL)
-     AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = j.tenant_id AND t.paused_at IS NOT NULL))
-        AS oldest_queued_seconds,
+     AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = j.tenant_id AND t.paused_at IS NOT NULL)
+     ORDER BY j.woken_at LIMIT 1) AS oldest_queued_seconds,
     (SELECT count(*) FROM export_jobs
      WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())) AS expired_leases,
     (SELECT extract(epoch FROM clock_timestamp() - min(lease_expires_at)) FROM export_jobs
