@@ -11,7 +11,7 @@ import pytest
 from app.cli.common import EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_REFUSED
 from app.store import export
 from app.store.types import FailureCause, FailureCode
-from tests.acceptance.test_cli import Tenant, one_line_error, snapshot
+from tests.acceptance.test_cli import Tenant, grant, one_line_error, snapshot
 
 PAUSE = ("destination", "pause", "partner", "--tenant", "Initech", "--by", "ops-alice", "--reason", "partner upgrade")
 
@@ -144,3 +144,18 @@ def test_tenant_pause_list_and_resume(exports_cli, admin, seed, tenant):
 
     assert (resumed["changed"], resumed["woken"]) == (True, 1)
     assert [kind for kind, _ in _directory_events(admin)] == ["Paused", "Resumed"]
+
+
+def test_create_for_a_paused_tenant_still_queues_and_says_it_waits(exports_cli, admin, conn, tenant):
+    grant(conn, tenant.id, "alice")
+    exports_cli("tenant", "pause", "Initech")
+
+    created = exports_cli("create", "--tenant", "Initech", "--destination", "partner", "--by", "alice")
+    as_json = exports_cli("create", "--tenant", "Initech", "--destination", "partner", "--by", "alice", "--json").json
+
+    assert "queued for 'partner'" in created.stdout and "its tenant is paused: it waits until resumed" in created.stdout
+    assert as_json["held"] == "its tenant is paused"
+    assert [r["status"] for r in admin.execute("SELECT status FROM export_jobs").fetchall()] == ["Queued", "Queued"]
+    exports_cli("tenant", "resume", "Initech")
+    assert exports_cli("create", "--tenant", "Initech", "--destination", "partner", "--by", "alice",
+                       "--json").json["held"] is None
