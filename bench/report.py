@@ -216,6 +216,9 @@ RUNNING = [
     "- Each module of the first benchmarks still runs alone: `python -m bench.claim_throughput`, "
     "`bench.notify_cost`, `bench.stop_latency`, `bench.build_export`, `bench.upload_throughput`, "
     "`bench.warm_sessions`.",
+    "- Two run only alone, each against its own ceiling, their figures kept by hand in "
+    "[benchmarks-standalone.md](benchmarks-standalone.md): `python -m bench.partner_files` (a partner file "
+    "with gzip and OpenPGP against `psql \\copy | gzip | gpg`) and `python -m bench.webhook_cost`.",
     "",
 ]
 

@@ -145,8 +145,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                 description="Connect as a delivery does (the pinned host keys, the credential) and probe, under "
                             "scratch dot-names in the remote directory that it removes again: write, exclusive "
                             "create, stat, lstat, listing, SETSTAT, rename, whether rename refuses an existing "
-                            "target, posix-rename, check-file-name sha256. Prints what the server allows, the "
-                            "delivery modes that fit it and the one it recommends; --apply records that one.",
+                            "target, posix-rename, check-file-name sha256; then how many sessions it accepts at once, "
+                            "up to the destination's --max-sessions (each a login, as deliveries open them). Prints "
+                            "what the server allows, the delivery modes that fit it and the one it recommends; "
+                            "--apply records that one.",
                 exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the destination cannot be delivered to in any "
                                                           "mode (or cannot be reached or logged into), or --apply's "
                                                           "mode needs a completion marker the profile lacks; "

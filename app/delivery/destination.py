@@ -117,8 +117,12 @@ class Destination:
         """What the server allows (``exports destination check``), on a session opened as a delivery's, and
         with ``ingestion_window`` whether the partner's ingestion takes a published file. Raises the
         connection's error (a host key not pinned, a refused credential, no answer)."""
-        with connect(self.config, self._pinned, self._credential()) as session:
-            return preflight.check(session, self.config, ingestion_window=ingestion_window)
+        credential = self._credential()
+        with connect(self.config, self._pinned, credential) as session:
+            found = preflight.check(session, self.config, ingestion_window=ingestion_window)
+            preflight.sessions(found, lambda: connect(self.config, self._pinned, credential),
+                               self.config.max_sessions, redactions=credential.redactions())
+            return found
 
     def complete_marker(self, expected: ExpectedFile, attempt_id: str) -> Listing:
         """For recovery and reconciliation: the completion marker written where the file is there as
