@@ -1,5 +1,6 @@
-"""Partner destinations (add, edit, show, status, host-key add|remove; pause, drain and resume are in
-``destination_pauses``): their parsers and handlers.
+"""Partner destinations (add, edit, show, check, check-credential, status, host-key add|remove; what pause,
+drain and resume do is in ``destination_pauses``, the credential check in ``credential_check``): their
+parsers and handlers.
 
 A destination is an SFTP endpoint with its pinned host keys, and a delivery profile that says what the
 partner receives. ``destination add`` sets both; ``destination edit`` writes a new profile version
