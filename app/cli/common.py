@@ -34,8 +34,12 @@ EXIT_NOT_FOUND = 3
 #: Refused or conflict: not granted for the tenant, NotChanged, RequestIdReused, replacement not
 #: allowed or its slot taken, a reconciliation or correction that matched nothing.
 EXIT_REFUSED = 4
+#: Unreachable (sysexits' EX_UNAVAILABLE): a partner's server could not be reached to check a credential.
+EXIT_UNREACHABLE = 69
 #: Busy: the job's row was locked past the lock timeout; nothing was recorded. Retry with the same request id.
 EXIT_BUSY = 75
+#: Login refused (sysexits' EX_NOPERM): a partner's server refused the credential or presented a key not pinned.
+EXIT_LOGIN_REFUSED = 77
 
 #: What each exit code means, as ``exports --help`` lists them all and each command's ``--help`` its own.
 EXIT_MEANINGS = {
@@ -45,7 +49,9 @@ EXIT_MEANINGS = {
     EXIT_NOT_FOUND: "not found (another tenant's job looks exactly like a missing one)",
     EXIT_REFUSED: "refused or conflict (operator not granted for the tenant, NotChanged, RequestIdReused, "
                   "replacement not allowed or slot taken)",
+    EXIT_UNREACHABLE: "unreachable: a partner's server could not be reached to check a credential",
     EXIT_BUSY: "busy: nothing recorded; retry with the same --request-id",
+    EXIT_LOGIN_REFUSED: "login refused: a partner's server refused the credential or presented a host key not pinned",
 }
 #: The codes every command can end with: done, a surprise, and bad input (a usage error, which argparse
 #: refuses before the handler runs, or an EXPORTS_* setting we cannot use).

@@ -101,6 +101,18 @@ class Destination:
         with connect(self.config, self._pinned, self._credential()) as session:
             return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
 
+    def log_in(self) -> Unreachable | None:
+        """Resolves the credential and logs in as a delivery does (the pinned host keys), then logs out:
+        None when it logged in, else why not, its cause saying who is at fault: configuration (the key is
+        not pinned, the login was refused) or the connection (transient). Raises CredentialError when the
+        reference does not resolve here: nothing was sent."""
+        credential = self._credential()
+        try:
+            with connect(self.config, self._pinned, credential):
+                return None
+        except Exception as exc:
+            return Unreachable(cause_of(exc), describe(exc, redact=credential.redactions()))
+
     def check(self, *, ingestion_window: float | None = None) -> preflight.Capabilities:
         """What the server allows (``exports destination check``), on a session opened as a delivery's, and
         with ``ingestion_window`` whether the partner's ingestion takes a published file. Raises the
