@@ -10,6 +10,7 @@ from typing import assert_never
 
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
+    CANCEL_DONE,
     EXIT_BUSY,
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
@@ -17,6 +18,7 @@ from app.cli.common import (
     EXIT_REFUSED,
     CliError,
     Context,
+    Exit,
     bad_input,
     busy,
     command,
@@ -69,7 +71,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "Record a cancellation request. Queued: canceled. Being built: stop requested. Delivery "
                     "authorized: too late (recorded, not obeyed). Every recorded outcome exits 0. The request id is "
                     "printed; after a busy answer (75) retry with the same --request-id.",
-                    exits=(EXIT_REFUSED, EXIT_BUSY))
+                    exits=(Exit(EXIT_OK, CANCEL_DONE), EXIT_REFUSED, EXIT_BUSY))
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--request-id", type=uuid_arg, help="the click's id (minted and printed when not given)")
     p.add_argument("--reason", type=text())

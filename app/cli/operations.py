@@ -1,5 +1,5 @@
-"""Running it: ``exports health`` (a probe), ``exports processes`` (who is alive, holding what), and
-``exports outbox archive`` (retention). Their parsers and handlers."""
+"""Running it: ``exports health`` (readiness; ``--process``: liveness), ``exports processes`` (who is
+alive, holding what), and ``exports outbox archive`` (retention). Their parsers and handlers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from app import health as health_checks
-from app.cli.common import EXIT_FAILURE, EXIT_OK, Context, Exit, command, group, text
+from app.cli.common import EXIT_OK, EXIT_UNHEALTHY, Context, command, group, text
 from app.cli.output import emit, table
 from app.heartbeat import SILENT_INTERVALS
 from app.store import heartbeat, retention
@@ -17,12 +17,21 @@ DEFAULT_RETENTION_DAYS = 30.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = command(commands, "health", help_="check the database, schema, broker, relay lag and recovery (a probe)",
-                description="Check that the deployment is doing its job; exit 0 only when every check passes, and "
-                            "say why each failed one failed. Usable as a liveness or readiness probe.",
-                exits=(Exit(EXIT_FAILURE, "unhealthy: a check failed (each failed one says why), or a surprise"),))
-    p.add_argument("--require", type=_roles, default=(), metavar="ROLES",
-                   help=f"also require a live process of each role (comma separated: {', '.join(health_checks.ROLES)})")
+    p = command(commands, "health", help_="is the deployment doing its job? (a readiness check; --process: liveness)",
+                description="Check that the whole deployment is doing its job (database, schema, broker, relay lag, "
+                            "recovery, queue, webhooks): exit 0 only when every check passes, 69 when one fails, "
+                            "saying why. It is a readiness check of the deployment, the same answer on every host, "
+                            "not a liveness probe: a supervisor restarting the process that asked would cure "
+                            "nothing. For liveness, --process ROLE asks this host's process of that role for its "
+                            "own metrics endpoint, without the database.",
+                exits=(EXIT_UNHEALTHY,))
+    checks = p.add_mutually_exclusive_group()
+    checks.add_argument("--require", type=_roles, default=(), metavar="ROLES",
+                        help="also require a live process (a recent heartbeat) of each role (comma separated: "
+                             f"{', '.join(health_checks.ROLES)})")
+    checks.add_argument("--process", choices=health_checks.ROLES, metavar="ROLE",
+                        help="liveness of this host's process of ROLE only: its metrics endpoint "
+                             "(EXPORTS_<ROLE>_METRICS) answers")
     p.set_defaults(handler=health)
 
     p = command(commands, "processes", help_="relays, workers and schedulers: alive, stopped or silent",
@@ -67,11 +76,14 @@ _days.__name__ = "days"
 
 
 def health(ctx: Context, args: argparse.Namespace) -> int:
-    checks = health_checks.run(ctx.settings, ctx.database_url(), require=args.require)
+    if args.process:
+        checks = [health_checks.probe_process(ctx.settings, args.process)]
+    else:
+        checks = health_checks.run(ctx.settings, ctx.database_url(), require=args.require)
     healthy = all(c.ok for c in checks)
     emit(ctx, "\n".join(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks),
          {"healthy": healthy, "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
-    return EXIT_OK if healthy else EXIT_FAILURE
+    return EXIT_OK if healthy else EXIT_UNHEALTHY
 
 
 def processes(ctx: Context, args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 import app
+from app.cli.common import EXIT_UNHEALTHY
 from exports_devtools.waiting import wait_until
 from tests.acceptance.steps import DEADLINE, create, set_up, wait_status
 from tests.fixtures.sftp import free_port
@@ -86,7 +87,7 @@ def test_health_fails_naming_the_missing_role_when_no_worker_runs(system, embedd
     wait_until(lambda: any(p["role"] == "relay" and p["state"] == "alive"
                            for p in system.cli("processes", "--json").json), "the relay's first heartbeat", DEADLINE)
 
-    result = system.cli("health", "--require", "relay,worker", "--json", expect=1)
+    result = system.cli("health", "--require", "relay,worker", "--json", expect=EXIT_UNHEALTHY)
 
     checks = {c["name"]: c for c in result.json["checks"]}
     assert checks["relay processes"]["ok"] and not checks["worker processes"]["ok"]

@@ -224,8 +224,8 @@ def test_a_command_that_needs_the_embedded_database_on_an_install_without_it_say
 
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
-        "exports: error: EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed "
-        "(the embedded extra): set EXPORTS_DATABASE_URL"]
+        "exports: error: EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed: set "
+        "EXPORTS_DATABASE_URL, or install the embedded extra (pip install 'exports[embedded]')"]
     assert not state_dir.exists()
 
 
