@@ -42,7 +42,12 @@ CREATE TABLE schema_version (
 CREATE TABLE tenants (
     id          uuid PRIMARY KEY,
     name        text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
-    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Paused: its queued exports wait unclaimed until a resume wakes them (who, why, since when).
+    paused_by      text,
+    paused_reason  text,
+    paused_at      timestamptz,
+    CONSTRAINT ck_tenants_paused CHECK ((paused_at IS NULL) = (paused_by IS NULL))
 );
 
 -- A destination holds a *reference* to its credential (an environment variable or a key file
@@ -75,7 +80,15 @@ CREATE TABLE destinations (
                                 CHECK (delivery_mode IN ('standard', 'no-stat', 'no-rename', 'quick-ingest')),
     bandwidth_limit         bigint CONSTRAINT ck_destinations_bandwidth_limit
                                 CHECK (bandwidth_limit BETWEEN 1024 AND 1000000000000),
-    CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id)
+    -- Paused: its queued exports wait unclaimed until a resume wakes them; draining: the same, while the
+    -- attempts already running finish, then paused. Who, why and since when.
+    pause_state             text CONSTRAINT ck_destinations_pause_state CHECK (pause_state IN ('draining', 'paused')),
+    paused_by               text,
+    paused_reason           text,
+    paused_at               timestamptz,
+    CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id),
+    CONSTRAINT ck_destinations_paused
+        CHECK ((pause_state IS NULL) = (paused_by IS NULL) AND (pause_state IS NULL) = (paused_at IS NULL))
 );
 
 -- What the partner receives, per destination: its delivery profile (columns, format, compression, file
@@ -93,6 +106,24 @@ CREATE TABLE delivery_profiles (
 ALTER TABLE destinations
     ADD CONSTRAINT fk_destinations_profile FOREIGN KEY (id, profile_version)
         REFERENCES delivery_profiles (destination_id, version) DEFERRABLE INITIALLY DEFERRED;
+
+-- What administrators changed on a tenant or a destination, and who, and why: pauses, drains, resumes,
+-- a credential reference or the partner's contract flags. Append-only (triggers below).
+CREATE TABLE directory_events (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant_id       uuid NOT NULL REFERENCES tenants (id),
+    destination_id  uuid,                              -- NULL: an event of the tenant itself
+    kind            text NOT NULL CONSTRAINT ck_directory_events_kind
+                        CHECK (kind IN ('Paused', 'Draining', 'Drained', 'Resumed', 'CredentialChanged',
+                                        'ContractChanged')),
+    changed_by      text NOT NULL,
+    reason          text,
+    detail          text,                              -- what changed: never a secret, only references
+    recorded_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT fk_directory_events_destination FOREIGN KEY (tenant_id, destination_id)
+        REFERENCES destinations (tenant_id, id)
+);
+CREATE INDEX ix_directory_events_destination ON directory_events (destination_id, recorded_at);
 
 -- One circuit per destination, shared by every worker host. Open after a connection failure: attempts
 -- defer without building until next_probe_at, when one attempt claims the probe (probe_attempt_id,
@@ -371,6 +402,10 @@ CREATE TRIGGER tr_deliveries_no_truncate BEFORE TRUNCATE ON deliveries
 CREATE TRIGGER tr_delivery_profiles_append_only BEFORE UPDATE OR DELETE ON delivery_profiles
     FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
 CREATE TRIGGER tr_delivery_profiles_no_truncate BEFORE TRUNCATE ON delivery_profiles
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_directory_events_append_only BEFORE UPDATE OR DELETE ON directory_events
+    FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_directory_events_no_truncate BEFORE TRUNCATE ON directory_events
     FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
 
 -- The outbox is insert-only apart from its publication status: an update may change published_at
@@ -685,8 +720,12 @@ REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 
 -- exports_app: the API, the worker, recovery, the sweeper and the operator scripts.
 GRANT SELECT, INSERT ON tenants, destinations, contacts, operator_access TO exports_app;
-GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys, delivery_mode, bandwidth_limit)
+GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys, delivery_mode, bandwidth_limit,
+              credential_ref, remote_hash, acknowledgments, name_and_size_identify, read_back, pause_state,
+              paused_by, paused_reason, paused_at)
     ON destinations TO exports_app;
+GRANT UPDATE (paused_by, paused_reason, paused_at) ON tenants TO exports_app;
+GRANT SELECT, INSERT ON directory_events TO exports_app;
 GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
 GRANT SELECT, INSERT, UPDATE ON export_jobs TO exports_app;
 GRANT SELECT, INSERT ON deliveries, export_attempt_events, cancellation_requests TO exports_app;
@@ -737,4 +776,4 @@ GRANT SELECT (id, tenant_id, delivery_key, attempt_count, expected_file_bytes, e
 GRANT SELECT (tenant_id, delivery_key, file_name) ON deliveries TO exports_notifier;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (11);
+INSERT INTO schema_version (version) VALUES (12);
