@@ -36,7 +36,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     p = command(commands, "processes", help_="relays, workers and schedulers: alive, stopped or silent",
                 description="List the processes that recorded heartbeats, with host, pid, role and state, and for "
-                            "a worker the attempts it holds now (each attempt's claimed_by names its process).")
+                            "a worker the attempts it holds now (each attempt's claimed_by names its process). "
+                            "'signal pid' is the one to stop it by: a worker process's exports worker, which "
+                            "drains all its worker processes; the process itself for the others.")
     p.set_defaults(handler=processes)
 
     outbox = group(commands, "outbox", "the outbox's retention")
@@ -96,15 +98,22 @@ def processes(ctx: Context, args: argparse.Namespace) -> int:
             return "stopped"
         return "alive" if record.silent_seconds <= silent_limit else "silent"
 
-    rows = [[r.identity.role, r.identity.host, r.identity.pid, state(r), r.identity.version, r.identity.started_at,
-             r.beat_at, " ".join(str(a) for a in r.attempts)] for r in records]
-    emit(ctx, table(["role", "host", "pid", "state", "version", "started", "last beat", "attempts held"], rows)
+    rows = [[r.identity.role, r.identity.host, r.identity.pid, _signal_pid(r), state(r), r.identity.version,
+             r.identity.started_at, r.beat_at, " ".join(str(a) for a in r.attempts)] for r in records]
+    emit(ctx, table(["role", "host", "pid", "signal pid", "state", "version", "started", "last beat",
+                     "attempts held"], rows)
          if rows else "no process has recorded a heartbeat",
          [{"process_id": r.identity.process_id, "role": r.identity.role, "host": r.identity.host,
-           "pid": r.identity.pid, "state": state(r), "version": r.identity.version,
+           "pid": r.identity.pid, "signal_pid": _signal_pid(r), "state": state(r), "version": r.identity.version,
            "started_at": r.identity.started_at, "beat_at": r.beat_at, "stopped_at": r.stopped_at,
            "attempts": [str(a) for a in r.attempts]} for r in records])
     return EXIT_OK
+
+
+def _signal_pid(record: heartbeat.ProcessRecord) -> int:
+    """The pid to send SIGTERM to: a worker process's parent (its exports worker, which drains them all),
+    else the process itself."""
+    return record.identity.parent_pid or record.identity.pid
 
 
 def outbox_archive(ctx: Context, args: argparse.Namespace) -> int:

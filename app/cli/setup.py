@@ -19,11 +19,12 @@ from app.cli.common import (
     group,
     name,
     not_found,
+    operator_name,
     positive_int,
     refused,
     text,
 )
-from app.cli.output import emit
+from app.cli.output import emit, table
 from app.store import directory, logins
 from app.store.migrate import migrate
 
@@ -58,6 +59,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--reconciliation", action="store_true", help="may correct recorded outcomes")
     p.set_defaults(handler=operator_grant)
+    p = command(operator, "revoke", help_="end an operator's grant for a tenant (kept as history)",
+                description="End an operator's grant for a tenant: from then on its create, cancel, replace and "
+                            "every other write for the tenant is refused (4) exactly as if it had never been "
+                            "granted. The grant stays on record with who revoked it and when (operator list "
+                            "--revoked); granting again starts a new period. Revoking an operator that holds no "
+                            "grant changes nothing and says so.", exits=(EXIT_NOT_FOUND,))
+    p.add_argument("operator", type=name, metavar="OPERATOR")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--by", type=name, help="who revokes it (default: this login's name)")
+    p.set_defaults(handler=operator_revoke)
+    p = command(operator, "list", help_="the operators granted for a tenant",
+                description="List the operators granted for a tenant, with reconciliation access and since when; "
+                            "--revoked adds the grants that were revoked, with who revoked them and when.",
+                exits=(EXIT_NOT_FOUND,))
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--revoked", action="store_true", help="include revoked grants")
+    p.set_defaults(handler=operator_list)
 
     contacts = group(commands, "contacts", "a tenant's contacts")
     p = command(contacts, "import", help_="load contacts from a CSV file (all or nothing)",
@@ -114,7 +132,9 @@ def operator_grant(ctx: Context, args: argparse.Namespace) -> int:
         raise not_found(f"no tenant {tenant.id}")
     if result is directory.GrantResult.ALREADY_GRANTED:
         existing = views.grant(args.operator, tenant.id)
-        assert existing is not None   # it was there a statement ago, and no command revokes a grant
+        if existing is None:
+            raise refused(f"operator {args.operator!r}'s grant for tenant {tenant.name!r} was revoked while this "
+                          "grant was recorded; nothing changed: run it again")
         if existing.reconciliation != args.reconciliation:
             raise refused(f"operator {args.operator!r} is already granted for tenant {tenant.name!r} with "
                           f"reconciliation={'yes' if existing.reconciliation else 'no'}; nothing changed")
@@ -123,6 +143,38 @@ def operator_grant(ctx: Context, args: argparse.Namespace) -> int:
               f" for tenant {tenant.name!r}{' with reconciliation access' if args.reconciliation else ''}",
          {"operator": args.operator, "tenant_id": str(tenant.id), "result": result.value,
           "reconciliation": args.reconciliation})
+    return EXIT_OK
+
+
+def operator_revoke(ctx: Context, args: argparse.Namespace) -> int:
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
+    by = operator_name(args.by)
+    with ctx.connection() as conn:
+        revoked = directory.revoke_operator(conn, operator_id=args.operator, tenant_id=tenant.id, revoked_by=by)
+    data = {"operator": args.operator, "tenant_id": str(tenant.id), "result": "Revoked" if revoked else "NotGranted",
+            "revoked_by": by, "granted_at": revoked and revoked.granted_at,
+            "reconciliation": revoked and revoked.reconciliation, "revoked_at": revoked and revoked.revoked_at}
+    if revoked is None:
+        emit(ctx, f"operator {args.operator!r} holds no grant for tenant {tenant.name!r}; nothing changed", data)
+    else:
+        emit(ctx, f"operator {args.operator!r} may no longer act for tenant {tenant.name!r} (granted "
+                  f"{revoked.granted_at:%Y-%m-%d %H:%M:%S}, revoked by {by!r}; kept as history)", data)
+    return EXIT_OK
+
+
+def operator_list(ctx: Context, args: argparse.Namespace) -> int:
+    views = ctx.views()
+    tenant = cli_lookup.tenant(views, args.tenant)
+    grants = views.grants(tenant.id, revoked=args.revoked)
+    rows = [[g.operator_id, "yes" if g.reconciliation else "no", g.granted_at, g.revoked_at, g.revoked_by]
+            for g in grants]
+    headers = ["operator", "reconciliation", "granted", "revoked", "revoked by"]
+    emit(ctx, table(headers if args.revoked else headers[:3], [r if args.revoked else r[:3] for r in rows])
+         if rows else f"no operator is granted for tenant {tenant.name!r}",
+         {"tenant_id": str(tenant.id), "grants": [
+             {"operator": g.operator_id, "reconciliation": g.reconciliation, "granted_at": g.granted_at,
+              "revoked_at": g.revoked_at, "revoked_by": g.revoked_by, "live": g.revoked_at is None}
+             for g in grants]})
     return EXIT_OK
 
 

@@ -53,6 +53,17 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class GrantRecord:
+    """One period of an operator's access to a tenant: live while ``revoked_at`` is None."""
+
+    operator_id: str
+    reconciliation: bool
+    granted_at: datetime
+    revoked_by: str | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Job:
     """An export's row, every column in the table's order."""
 
@@ -268,8 +279,19 @@ class Views:
         return self._one(Job, _select(J, Job).where((J.id == job_id) & (J.tenant_id == tenant_id)))
 
     def grant(self, operator_id: str, tenant_id: UUID) -> Grant | None:
+        """The operator's live grant for the tenant; a revoked one answers None, like one never made."""
         A = models.OperatorAccess
-        return self._one(Grant, _select(A, Grant).where((A.operator_id == operator_id) & (A.tenant_id == tenant_id)))
+        return self._one(Grant, _select(A, Grant).where((A.operator_id == operator_id) & (A.tenant_id == tenant_id)
+                                                        & A.revoked_at.is_null()))
+
+    def grants(self, tenant_id: UUID, *, revoked: bool) -> list[GrantRecord]:
+        """The tenant's grants by operator, the live ones only unless ``revoked``; a revoked period after
+        the live one that followed it."""
+        A = models.OperatorAccess
+        query = _select(A, GrantRecord).where(A.tenant_id == tenant_id)
+        if not revoked:
+            query = query.where(A.revoked_at.is_null())
+        return self._all(GrantRecord, query.order_by(A.operator_id, A.granted_at, A.id))
 
     def history(self, job: Job) -> JobHistory:
         E, C, M, D = models.AttemptEvent, models.CancellationRequest, models.OutboxRow, models.Destination
