@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import NamedTuple
 from uuid import UUID
 
@@ -233,6 +234,18 @@ def positive_int(maximum: int):
 
     parse.__name__ = "number"
     return parse
+
+
+def time_arg(value: str) -> datetime:
+    """An ISO 8601 time (``2026-12-01``, ``2026-12-01T08:00``, ``...+01:00``, ``...Z``); without an offset, UTC."""
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {printable(value, 60)!r}") from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+time_arg.__name__ = "time"
 
 
 def seconds_arg(value: str) -> float:

@@ -158,6 +158,14 @@ class JobHistory:
 
 
 @dataclass(frozen=True)
+class JobPosition:
+    """A job's place in a listing, newest first."""
+
+    created_at: datetime
+    id: UUID
+
+
+@dataclass(frozen=True)
 class JobSummary:
     """One line of a listing."""
 
@@ -304,9 +312,13 @@ class Views:
             outbox=self._all(OutboxEntry, _select(M, OutboxEntry).where(M.job_id == job.id).order_by(M.created_at)),
         )
 
-    def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int) -> list[JobSummary]:
+    def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int,
+             destination_id: UUID | None = None, since: datetime | None = None, until: datetime | None = None,
+             after: JobPosition | None = None) -> list[JobSummary]:
         """Exports newest first, of one tenant or all: an index scan of (tenant, created_at), (status,
-        created_at) or created_at that stops at ``limit``, however long the history."""
+        created_at) or created_at that stops at ``limit``, however long the history. ``since`` (inclusive)
+        and ``until`` (exclusive) bound created_at; ``after`` continues a listing after a job it showed
+        (a keyset cursor: rows created meanwhile never shift a page)."""
         J, T, D = models.ExportJob, models.Tenant, models.Destination
         query = (J.select(J.id, T.name.alias("tenant_name"), D.name.alias("destination_name"), J.status,
                           J.failure_reason, J.version, J.attempt_count, J.created_by, J.created_at)
@@ -317,7 +329,23 @@ class Views:
             query = query.where(J.tenant_id == tenant_id)
         if status is not None:
             query = query.where(J.status == status.value)
+        if destination_id is not None:
+            query = query.where(J.destination_id == destination_id)
+        if since is not None:
+            query = query.where(J.created_at >= since)
+        if until is not None:
+            query = query.where(J.created_at < until)
+        if after is not None:
+            query = query.where(peewee.Tuple(J.created_at, J.id) < peewee.Tuple(after.created_at, after.id))
         return self._all(JobSummary, query.order_by(J.created_at.desc(), J.id.desc()).limit(limit))
+
+    def job_position(self, job_id: UUID, *, tenant_id: UUID | None) -> JobPosition | None:
+        """Where a job stands in a listing (a cursor); of the tenant's jobs only, when one is given."""
+        J = models.ExportJob
+        query = _select(J, JobPosition).where(J.id == job_id)
+        if tenant_id is not None:
+            query = query.where(J.tenant_id == tenant_id)
+        return self._one(JobPosition, query)
 
     def counts_by_status(self, *, tenant_id: UUID | None = None) -> dict[str, int]:
         """How many exports are in each status that has any, of one tenant or all."""
