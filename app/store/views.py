@@ -157,6 +157,25 @@ class JobHistory:
     outbox: list[OutboxEntry]
 
 
+#: The failures that finalized no file, after which an export may be replaced (export_create_replacement).
+REPLACEABLE_FAILURES = ("BuildFailed", "AttemptsExhausted", "NotDelivered")
+
+
+@dataclass(frozen=True)
+class EndedWithoutFile:
+    """An export that failed without finalizing a file: itself, or the replacement of ``replaces_job_id``."""
+
+    id: UUID
+    replaces_job_id: UUID | None
+    failure_reason: str
+    ended_at: datetime
+
+    @property
+    def original_id(self) -> UUID:
+        """What a replacement of it replaces: the original, always."""
+        return self.replaces_job_id or self.id
+
+
 @dataclass(frozen=True)
 class JobPosition:
     """A job's place in a listing, newest first."""
@@ -338,6 +357,24 @@ class Views:
         if after is not None:
             query = query.where(peewee.Tuple(J.created_at, J.id) < peewee.Tuple(after.created_at, after.id))
         return self._all(JobSummary, query.order_by(J.created_at.desc(), J.id.desc()).limit(limit))
+
+    def queued_ids(self, tenant_id: UUID) -> list[UUID]:
+        """The tenant's Queued exports, oldest first (``ix_export_jobs_tenant_status``)."""
+        J = models.ExportJob
+        query = J.select(J.id).where((J.tenant_id == tenant_id) & (J.status == Status.QUEUED.value))
+        return [row.id for row in query.order_by(J.created_at, J.id).bind(self._db)]
+
+    def ended_without_file(self, tenant_id: UUID, *, since: datetime) -> list[EndedWithoutFile]:
+        """The tenant's exports that failed without finalizing a file (BuildFailed, AttemptsExhausted,
+        NotDelivered: the failures a replacement may follow) and whose last event, their ending or a later
+        correction, is at or after ``since``; in the order they ended."""
+        J, E = models.ExportJob, models.AttemptEvent
+        ended = E.select(peewee.fn.MAX(E.recorded_at)).where(E.job_id == J.id)
+        query = (J.select(J.id, J.replaces_job_id, J.failure_reason, ended.alias("ended_at"))
+                 .where((J.tenant_id == tenant_id) & (J.status == Status.FAILED.value)
+                        & J.failure_reason.in_(REPLACEABLE_FAILURES) & (ended >= since))
+                 .order_by(ended, J.id))
+        return self._all(EndedWithoutFile, query)
 
     def job_position(self, job_id: UUID, *, tenant_id: UUID | None) -> JobPosition | None:
         """Where a job stands in a listing (a cursor); of the tenant's jobs only, when one is given."""
