@@ -5,6 +5,7 @@ grant is checked."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from app.cli.common import (
     text,
 )
 from app.cli.output import emit, table
-from app.store import directory, logins
+from app.store import directory, erasure, logins
 from app.store.migrate import migrate
 
 
@@ -88,6 +89,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("file", type=text(4096))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.set_defaults(handler=contacts_import)
+    p = command(contacts, "erase", help_="erase a person's contacts from a tenant (GDPR), and say where they went",
+                description="Delete the tenant's contacts with this email address (compared case-insensitively) so "
+                            "no later export carries them, and record the erasure (who, when, how many; never the "
+                            "address). Files record no rows, so it says where the address may already be: per "
+                            "destination, the exports delivered, undetermined, or in flight now (a build under way "
+                            "read its contacts when it started), unless the contacts never consented (never in a "
+                            "file). Ask those partners to delete it. --dry-run says the same and erases nothing. "
+                            "An address with no contact changes nothing and says so.", exits=(EXIT_NOT_FOUND,))
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--email", required=True, type=text(320), help="the address to erase")
+    p.add_argument("--by", type=name, help="who erases it, for the record (default: this login's name)")
+    p.add_argument("--reason", type=text(), help="the request's reference (a ticket), for the record")
+    p.add_argument("--dry-run", action="store_true", help="say what would be erased and where it went; erase nothing")
+    p.set_defaults(handler=contacts_erase)
     p = command(contacts, "generate", help_="generate realistic fake contacts (COPY)",
                 description="Generate realistic fake contacts in one COPY.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
@@ -186,6 +201,46 @@ def contacts_import(ctx: Context, args: argparse.Namespace) -> int:
     emit(ctx, f"{count} contacts imported into tenant {tenant.name!r}",
          {"tenant_id": str(tenant.id), "imported": count})
     return EXIT_OK
+
+
+def contacts_erase(ctx: Context, args: argparse.Namespace) -> int:
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
+    by = operator_name(args.by)
+    with ctx.connection() as conn, conn.transaction():
+        found = erasure.find(conn, tenant_id=tenant.id, email=args.email)
+        exposure = erasure.exposure(conn, tenant_id=tenant.id) if found.ever_consented else []
+        erased = None if args.dry_run or not found.contacts else erasure.erase(
+            conn, tenant_id=tenant.id, email=args.email, erased_by=by, reason=args.reason)
+    if not found.contacts:
+        result, head = "NothingToErase", (f"no contact of tenant {tenant.name!r} has that address (erased already, "
+                                          "or never there); nothing changed")
+    elif erased is None:
+        result, head = "DryRun", (f"{found.contacts} contact(s) of tenant {tenant.name!r} would be erased "
+                                  "(dry run: nothing changed)")
+    else:
+        result, head = "Erased", (f"{erased.contacts_erased} contact(s) erased from tenant {tenant.name!r} "
+                                  f"(erasure {erased.erasure_id}, by {by!r})")
+    emit(ctx, head + _where_it_went(found, exposure),
+         {"tenant_id": str(tenant.id), "result": result, "dry_run": args.dry_run,
+          "contacts": erased.contacts_erased if erased else found.contacts,
+          "erasure_id": erased.erasure_id if erased else None, "ever_consented": found.ever_consented,
+          "rows_known": False, "may_be_at": [dataclasses.asdict(e) for e in exposure]})
+    return EXIT_OK
+
+
+def _where_it_went(found: erasure.Found, exposure: list[erasure.Exposure]) -> str:
+    """Where an erased address may already be: files record no rows, so the destinations, not the files."""
+    if not found.contacts:
+        return ""
+    if not found.ever_consented:
+        return "\nnever consented, so never in an exported file: no partner holds it"
+    if not exposure:
+        return "\nno export of the tenant delivered a file or is under way: no partner holds it"
+    return ("\nwhich files held it cannot be known (files record no rows); it may be in the files sent to these "
+            "destinations: ask each partner to delete it\n"
+            + table(["destination", "host", "delivered", "first", "last", "undetermined", "in flight"],
+                    [[e.destination, e.host, e.delivered, e.first_delivered, e.last_delivered, e.undetermined,
+                      e.in_flight] for e in exposure]))
 
 
 def contacts_generate(ctx: Context, args: argparse.Namespace) -> int:
