@@ -47,8 +47,8 @@ def ports(system) -> dict[str, int]:
 def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the_job(
         system, embedded_sftp, admin, ports):
     set_up(system, embedded_sftp)
-    relay = system.start_relay()
-    worker = system.start_worker()
+    relay_process = system.start_relay()
+    worker_process = system.start_worker()
     system.start_scheduler()
     job_id = create(system)
     wait_status(system, admin, job_id, "Completed")
@@ -73,8 +73,8 @@ def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the
     assert sorted(p["role"] for p in listed if p["state"] == "alive") == ["relay", "scheduler", "worker"]
     # The pid to signal: a worker process's exports worker (which drains them all), the relay itself.
     alive = {p["role"]: p for p in listed if p["state"] == "alive"}
-    assert alive["worker"]["signal_pid"] == worker.pid != alive["worker"]["pid"]
-    assert alive["relay"]["signal_pid"] == relay.pid == alive["relay"]["pid"]
+    assert alive["worker"]["signal_pid"] == worker_process.pid != alive["worker"]["pid"]
+    assert alive["relay"]["signal_pid"] == relay_process.pid == alive["relay"]["pid"]
     health = system.cli("health", "--require", "relay,worker,scheduler", "--json").json
     assert health["healthy"] is True, health
 
