@@ -77,6 +77,11 @@ def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the
     assert alive["relay"]["signal_pid"] == relay_process.pid == alive["relay"]["pid"]
     health = system.cli("health", "--require", "relay,worker,scheduler", "--json").json
     assert health["healthy"] is True, health
+    # Liveness, per process, from each one's own endpoint: no notifier runs here (on a port nothing else uses).
+    system.group.env["EXPORTS_NOTIFIER_METRICS"] = f"127.0.0.1:{free_port()}"
+    for role in ("relay", "worker", "scheduler"):
+        assert system.cli("health", "--process", role, "--json").json["healthy"] is True, role
+    assert not system.cli("health", "--process", "notifier", "--json", expect=EXIT_UNHEALTHY).json["healthy"]
 
     lines = [json.loads(line) for line in system.group.logs().splitlines() if line.startswith("{")]
     about_the_job = {line["event"] for line in lines if line.get("job_id") == job_id}
