@@ -75,14 +75,16 @@ class Contact(peewee.Model):
 
 
 class OperatorAccess(peewee.Model):
+    id = peewee.BigIntegerField(primary_key=True)
     operator_id = peewee.TextField()
     tenant_id = peewee.UUIDField()
     reconciliation = peewee.BooleanField()
     granted_at = peewee.DateTimeField()
+    revoked_by = peewee.TextField(null=True)
+    revoked_at = peewee.DateTimeField(null=True)
 
     class Meta:
         table_name = "operator_access"
-        primary_key = peewee.CompositeKey("operator_id", "tenant_id")
 
 
 class ExportJob(peewee.Model):

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.cli.common import EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNHEALTHY
 from app.store.types import Status
 from app.webhooks import signing
 from exports_devtools.processes import clean_environ
@@ -190,7 +190,7 @@ def test_health_fails_its_webhooks_check_while_an_endpoint_is_owed_an_event_past
     admin.execute("UPDATE webhook_deliveries SET occurred_at = occurred_at - interval '1 hour'")
     admin.execute("SET session_replication_role = origin")
 
-    result = cli("health", "--json", expect=EXIT_FAILURE)
+    result = cli("health", "--json", expect=EXIT_UNHEALTHY)
 
     check = next(c for c in result.json["checks"] if c["name"] == "webhooks")
     assert not check["ok"] and "late: Acme/prod" in check["detail"]

@@ -43,12 +43,21 @@ JOIN delivery_profiles p ON p.destination_id = d.id
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
 -- name: directory_grant_operator
--- A second grant of the same pair changes nothing: access is widened or narrowed by no statement here,
--- so a grant that differs from the recorded one is reported, not applied.
+-- A second grant of a live pair changes nothing: access is widened or narrowed by no statement here,
+-- so a grant that differs from the live one is reported, not applied. After a revoke, a grant is a new
+-- row beside the revoked one, which stays as history.
 INSERT INTO operator_access (operator_id, tenant_id, reconciliation)
 VALUES (%(operator_id)s, %(tenant_id)s, %(reconciliation)s)
-ON CONFLICT ON CONSTRAINT pk_operator_access DO NOTHING
-RETURNING operator_id;
+ON CONFLICT (operator_id, tenant_id) WHERE revoked_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: directory_revoke_operator
+-- Ends the live grant of the pair, kept with who ended it and when; matches nothing when there is none
+-- (never granted, or revoked already). A write by the operator that checked its grant before this
+-- committed may still land: it was granted when it asked.
+UPDATE operator_access SET revoked_by = %(revoked_by)s, revoked_at = clock_timestamp()
+WHERE operator_id = %(operator_id)s AND tenant_id = %(tenant_id)s AND revoked_at IS NULL
+RETURNING granted_at, reconciliation, revoked_at;
 
 -- name: directory_copy_contacts
 -- Bulk load through COPY: thousands of rows in one round trip, inside the caller's transaction, so an
