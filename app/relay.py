@@ -35,7 +35,7 @@ from dramatiq.common import current_millis
 from redis.exceptions import NoScriptError
 
 from app import logs, metrics
-from app.broker import build_broker
+from app.broker import build_broker, wake_channel
 from app.config import ConfigError, Settings
 from app.heartbeat import Heartbeat
 from app.store import connector, errors
@@ -147,16 +147,20 @@ def _pipelined(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> lis
 
 
 def _dispatch(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> list[Any]:
-    """One pipeline of EVALSHA of dramatiq's dispatch script, one per message; the replies, errors
-    included. By its hash, not through redis-py's Script on the pipeline: that runs SCRIPT EXISTS
-    before every pipeline, a round trip per batch for what the replies say anyway (NOSCRIPT)."""
+    """One pipeline of EVALSHA of dramatiq's dispatch script, one per message, then one wake-up per
+    queue for its idle consumers (``app.broker.wake_channel``); the scripts' replies, errors included.
+    By its hash, not through redis-py's Script on the pipeline: that runs SCRIPT EXISTS before every
+    pipeline, a round trip per batch for what the replies say anyway (NOSCRIPT)."""
     sha = broker.scripts["dispatch"].sha
     with broker.client.pipeline(transaction=False) as pipe:
         for message in messages:
             pipe.evalsha(sha, 1, broker.namespace, "enqueue", current_millis(), message.queue_name, broker.broker_id,
                          broker.heartbeat_timeout, broker.dead_message_ttl, broker._should_do_maintenance("enqueue"),
                          broker._max_unpack_size(), message.options["redis_message_id"], message.encode())
-        return pipe.execute(raise_on_error=False)
+        # After the scripts, in the same round trip: a consumer woken by it finds the messages there.
+        for queue_name in dict.fromkeys(m.queue_name for m in messages):
+            pipe.publish(wake_channel(broker.namespace, queue_name), b"")
+        return pipe.execute(raise_on_error=False)[:len(messages)]
 
 
 class Relay:

@@ -52,7 +52,7 @@ class Snapshot:
     at: float
     transactions: int
     commands: collections.Counter[str]
-    log_lines: int
+    log_lines: dict[str, int]
 
 
 class Counter:
@@ -72,11 +72,17 @@ class Counter:
         # The reading itself (INFO) is left out: it is the bench's, not the system's.
         commands = collections.Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
                                         if name != "cmdstat_info"})
-        return Snapshot(time.monotonic(), int(transactions), commands, len(self.lines()))
+        return Snapshot(time.monotonic(), int(transactions), commands, self.line_counts())
 
-    def lines(self) -> list[str]:
-        return [line for path in sorted(self.log_dir.glob("*.log"))
-                for line in path.read_text(errors="replace").splitlines() if line.startswith("{")]
+    def lines(self, since: dict[str, int] | None = None) -> dict[str, list[str]]:
+        """Each process's JSON lines, by log file; from line ``since[file]`` on."""
+        since = since or {}
+        return {path.name: [line for line in path.read_text(errors="replace").splitlines()
+                            if line.startswith("{")][since.get(path.name, 0):]
+                for path in sorted(self.log_dir.glob("*.log"))}
+
+    def line_counts(self) -> dict[str, int]:
+        return {name: len(lines) for name, lines in self.lines().items()}
 
     def close(self) -> None:
         self.admin.close()
@@ -139,7 +145,7 @@ class Creator:
 def measure(counter: Counter, creator: Creator, idle: tuple[float, dict[str, float]], *, exports: int,
             burst: bool) -> dict[str, object]:
     idle_tx, idle_commands = idle
-    before, tx0, lines0 = counter.snapshot(), creator.transactions, len(counter.lines())
+    before, tx0 = counter.snapshot(), creator.transactions
     ids: list[str] = []
     statuses: collections.Counter[str] = collections.Counter()
     if burst:
@@ -155,7 +161,7 @@ def measure(counter: Counter, creator: Creator, idle: tuple[float, dict[str, flo
     transactions = (after.transactions - before.transactions - ours - idle_tx * seconds) / exports
     delta = after.commands - before.commands
     commands = {k: (v - idle_commands.get(k, 0.0) * seconds) / exports for k, v in delta.items()}
-    events = _events(counter.lines()[lines0:], set(ids))
+    events = _events([line for lines in counter.lines(before.log_lines).values() for line in lines], set(ids))
     return {
         "exports": exports, "seconds": round(seconds, 2), "statuses": dict(statuses),
         "transactions_per_export": round(transactions, 2),

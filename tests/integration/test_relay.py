@@ -279,7 +279,7 @@ def test_a_redis_that_lost_its_scripts_has_the_dispatch_script_loaded_again_and_
     monkeypatch.setattr(broker.scripts["dispatch"], "sha", "0" * 40)
 
     assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 3
-    assert executions == [3, 3]   # the batch, refused whole; then loaded, the batch again
+    assert executions == [4, 4]   # the batch and its wake-up, refused whole; then loaded, again
     assert sorted(queued_ids(broker)) == sorted(ids)
     assert unpublished_ids(admin) == []
 
@@ -311,7 +311,7 @@ def test_a_batch_is_enqueued_in_one_round_trip(db_url, dispatcher_db, broker, se
     executions = pipelines_executed(monkeypatch)
 
     assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 25
-    assert executions == [25] and sorted(queued_ids(broker)) == sorted(ids)
+    assert executions == [26] and sorted(queued_ids(broker)) == sorted(ids)   # 25 scripts, 1 wake-up
 
 
 def test_a_crash_between_publishing_and_marking_republishes_the_same_message_ids(
