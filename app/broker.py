@@ -15,7 +15,8 @@ processes was 104 scripts, 312 Redis commands, a second with nothing queued. Our
 queue's wake-up channel (``wake_channel``) before it first fetches; whoever enqueues publishes on it
 (the relay once per batch, in the batch's pipeline; ``WakingRedisBroker.enqueue`` once per message),
 and a woken consumer fetches at once. Between wake-ups it still returns to Dramatiq's consumer thread
-every ``dramatiq_worker_timeout``, so acknowledgments and delayed messages are handled as before, and
+as often as Dramatiq's would (its backoff, up to ``dramatiq_worker_timeout``), so acknowledgments and
+delayed messages are handled as before, and
 it fetches anyway every ``IDLE_FETCH_SECONDS``: a wake-up is a hint (a consumer reconnecting misses
 the ones sent meanwhile; Dramatiq's maintenance requeues without one), the message in Redis is the
 record, and each fetch also writes this worker's Dramatiq heartbeat.
@@ -30,6 +31,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import compute_backoff
 from dramatiq.errors import ConnectionClosed
 
 from app.config import BROKER_SCHEMES, ConfigError, Settings
@@ -72,12 +74,11 @@ class _WakingConsumer(_RedisConsumer):
         self._last_fetch = clock()
 
     def __next__(self):
-        if self.message_cache:
-            return super().__next__()   # from the cache: Dramatiq's own path, no Redis command
-        if self.outstanding_message_count >= self.prefetch:
-            self._owed = True
-            time.sleep(self.timeout / 1000)   # Dramatiq's consumer thread frees room by its acks
-            return None
+        if self.outstanding_message_count >= self.prefetch and not self.message_cache:
+            self._owed = True   # a message may arrive while the consumer thread's acks free room
+        if self.message_cache or self.outstanding_message_count >= self.prefetch:
+            # From the cache, or full: Dramatiq's own path, which sends no Redis command either way.
+            return super().__next__()
         if not (self._owed or self._woken()):
             return None
         self._last_fetch = self._clock()
@@ -100,13 +101,13 @@ class _WakingConsumer(_RedisConsumer):
             return True
         try:
             if self._pubsub is None:
-                self._pubsub = self.broker.client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub = self.broker.client.pubsub()
                 self._pubsub.subscribe(wake_channel(self.broker.namespace, self.queue_name))
                 return True   # anything enqueued before the subscription sent its wake-up to nobody
             if not self._wake_up(self._pubsub):
                 return False
             while self._pubsub.get_message(timeout=0) is not None:
-                pass   # one fetch answers every wake-up that arrived together
+                pass   # one fetch answers every wake-up (or confirmation) that arrived together
             return True
         except redis.RedisError:
             self._close_pubsub()
@@ -114,12 +115,17 @@ class _WakingConsumer(_RedisConsumer):
             return True
 
     def _wake_up(self, pubsub: redis.client.PubSub) -> bool:
-        # The subscription's confirmation reads as None too, so wait out the rest of the timeout after it.
-        deadline = time.monotonic() + self.timeout / 1000
-        while pubsub.get_message(timeout=max(0.0, deadline - time.monotonic())) is None:
-            if time.monotonic() >= deadline:
+        # As long as Dramatiq's consumer would sleep after an empty fetch (its backoff grows from a few
+        # milliseconds to the timeout since the last message), so acks are handled as promptly.
+        self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+        deadline = time.monotonic() + backoff_ms / 1000
+        while True:
+            message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if message is None:
                 return False
-        return True
+            if message["type"] == "message":
+                return True
+            # The subscription's confirmation: read past it, for a wake-up right behind it.
 
     def _close_pubsub(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
