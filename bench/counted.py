@@ -165,7 +165,9 @@ def measure(counter: Counter, creator: Creator, idle: tuple[float, dict[str, flo
     return {
         "exports": exports, "seconds": round(seconds, 2), "statuses": dict(statuses),
         "transactions_per_export": round(transactions, 2),
+        "transactions_per_export_idle_included": round((after.transactions - before.transactions - ours) / exports, 2),
         "redis_commands_per_export": round(sum(commands.values()), 2),
+        "redis_commands_per_export_idle_included": round(sum(delta.values()) / exports, 2),
         "redis_by_command": {k: round(v, 2) for k, v in sorted(commands.items()) if abs(v) >= 0.005},
         "log_lines_per_export": round(sum(events.values()) / exports, 2),
         "log_events_per_export": {k: round(v / exports, 2) for k, v in sorted(events.items())},
@@ -197,9 +199,10 @@ def running_system(work: Path, broker_url: str) -> Iterator[tuple[Counter, Creat
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.counted", description=__doc__.splitlines()[0])
-    parser.add_argument("--exports", type=int, default=20, help="exports created one at a time (default 20)")
+    parser.add_argument("--exports", type=int, default=100, help="exports created one at a time (default 100)")
     parser.add_argument("--burst", type=int, default=200, help="exports created at once (default 200)")
-    parser.add_argument("--idle-seconds", type=float, default=10.0, help="the idle window (default 10)")
+    parser.add_argument("--idle-seconds", type=float, default=30.0,
+                        help="the idle window (default 30: three rounds of the slowest periodic service)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="exports-counted-") as tmp:
         work = Path(tmp)
