@@ -45,6 +45,10 @@ from bench.workloads.wakeup import TERMINAL
 POLL_SECONDS = 0.05
 #: Longest wait for the exports of one measurement to end, in seconds.
 END_TIMEOUT = 300.0
+#: PostgreSQL (15 and later) adds a backend's transactions to pg_stat_database at most once a second
+#: while it is busy, and within 10 s once it is idle: each reading waits this long after the work it
+#: counts (the idle rate over the wait is subtracted with the rest).
+STATS_FLUSH_SECONDS = 11.0
 
 
 @dataclass
@@ -155,6 +159,7 @@ def measure(counter: Counter, creator: Creator, idle: tuple[float, dict[str, flo
         for _ in range(exports):
             ids.append(creator.create())
             statuses.update(creator.wait_ended(ids[-1:]).values())
+    time.sleep(STATS_FLUSH_SECONDS)   # until every transaction of the exports is in the counters
     after = counter.snapshot()
     seconds = after.at - before.at
     ours = creator.transactions - tx0
@@ -163,7 +168,7 @@ def measure(counter: Counter, creator: Creator, idle: tuple[float, dict[str, flo
     commands = {k: (v - idle_commands.get(k, 0.0) * seconds) / exports for k, v in delta.items()}
     events = _events([line for lines in counter.lines(before.log_lines).values() for line in lines], set(ids))
     return {
-        "exports": exports, "seconds": round(seconds, 2), "statuses": dict(statuses),
+        "exports": exports, "seconds": round(seconds - STATS_FLUSH_SECONDS, 2), "statuses": dict(statuses),
         "transactions_per_export": round(transactions, 2),
         "transactions_per_export_idle_included": round((after.transactions - before.transactions - ours) / exports, 2),
         "redis_commands_per_export": round(sum(commands.values()), 2),
@@ -210,6 +215,7 @@ def main() -> int:
                 running_system(work, broker_url) as (counter, creator, procs):
             creator.wait_ended([creator.create()])   # every process up, sessions warm
             procs.check_alive()
+            time.sleep(STATS_FLUSH_SECONDS)   # the set-up's transactions in the counters before the idle window
             before = counter.snapshot()
             time.sleep(args.idle_seconds)   # the idle window
             idle = _per_second(before, counter.snapshot())
