@@ -6,6 +6,7 @@ waiting consumer its message at once."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +17,8 @@ from app.broker import IDLE_FETCH_SECONDS, WakingRedisBroker, _WakingConsumer
 from app.relay import enqueue_batch
 
 QUEUE = "wake-test"
+#: Seconds a test calls a consumer for a message whose wake-up was published (a deadline).
+DEADLINE = 10.0
 
 
 @pytest.fixture(scope="session")
@@ -71,6 +74,17 @@ def a_message(n: int = 0) -> dramatiq.Message:
     return dramatiq.Message(queue_name=QUEUE, actor_name="noop", args=(n,), kwargs={}, options={})
 
 
+def next_message(consumer: _WakingConsumer) -> dramatiq.MessageProxy:
+    """The consumer's next message, called as Dramatiq's consumer thread calls it until one comes: a
+    wake-up published is on its way to the subscription, not necessarily there at the first call."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        message = next(consumer)
+        if message is not None:
+            return message
+    raise AssertionError(f"no message within {DEADLINE} s")
+
+
 def idle_consumer(broker: WakingRedisBroker, clock: Clock, *, timeout_ms: int) -> _WakingConsumer:
     """A consumer past its first fetch and its subscription's, now waiting for wake-ups."""
     consumer = _WakingConsumer(broker, QUEUE, 2, timeout_ms, clock=clock)
@@ -102,7 +116,7 @@ def test_a_message_enqueued_while_a_consumer_waits_is_fetched_on_its_wake_up_not
     assert fetches == []
 
     sent = broker.enqueue(a_message())
-    received = next(consumer)
+    received = next_message(consumer)
 
     assert received is not None and received.message_id == sent.message_id
     assert fetches == [2]
@@ -116,7 +130,7 @@ def test_the_relays_pipelined_batch_wakes_a_waiting_consumer_once_for_the_whole_
     messages = [a_message(n) for n in range(3)]
 
     assert enqueue_batch(broker, messages) == [None, None, None]
-    received = [next(consumer), next(consumer)]
+    received = [next_message(consumer), next(consumer)]
     for message in received:
         consumer.ack(message)   # room for the third: the prefetch is 2
     received.append(next(consumer))
@@ -131,7 +145,7 @@ def test_a_full_consumer_fetches_nothing_until_its_acks_free_room_and_then_fetch
     consumer = idle_consumer(broker, clock, timeout_ms=1)
     for n in range(3):
         broker.enqueue(a_message(n))
-    first, second = next(consumer), next(consumer)   # the prefetch of 2, from one woken fetch
+    first, second = next_message(consumer), next(consumer)   # the prefetch of 2, from one woken fetch
     fetches = counting_fetches(broker)
 
     assert next(consumer) is None and fetches == []   # full: its two messages are outstanding
@@ -162,7 +176,7 @@ def test_a_consumer_whose_wait_for_a_wake_up_failed_fetches_and_subscribes_again
     assert len(fetches) == 2 and consumer._pubsub is not broken
 
     broker.enqueue(a_message())
-    assert next(consumer) is not None and len(fetches) == 3
+    assert next_message(consumer) is not None and len(fetches) == 3
     consumer.close()
 
 
@@ -172,7 +186,7 @@ def test_a_fetch_that_did_not_fill_its_room_waits_for_the_next_wake_up_before_fe
     broker.enqueue(a_message())
     fetches = counting_fetches(broker)
 
-    assert next(consumer) is not None
+    assert next_message(consumer) is not None
     for _ in range(10):
         assert next(consumer) is None
 
