@@ -750,6 +750,7 @@ GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys, 
               paused_by, paused_reason, paused_at)
     ON destinations TO exports_app;
 GRANT UPDATE (paused_by, paused_reason, paused_at) ON tenants TO exports_app;
+GRANT UPDATE (max_sessions) ON destinations TO exports_app;
 GRANT UPDATE (revoked_by, revoked_at) ON operator_access TO exports_app;
 GRANT DELETE ON contacts TO exports_app;
 GRANT SELECT, INSERT ON contact_erasures TO exports_app;
@@ -805,4 +806,4 @@ GRANT SELECT (id, tenant_id, delivery_key, attempt_count, expected_file_bytes, e
 GRANT SELECT (tenant_id, delivery_key, file_name) ON deliveries TO exports_notifier;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (14);
+INSERT INTO schema_version (version) VALUES (15);

@@ -182,13 +182,14 @@ def remove_host_key(conn: psycopg.Connection, *, tenant_id: UUID, destination_id
 
 
 def set_delivery(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID, delivery_mode: str | None,
-                 set_limit: bool, bandwidth_limit: int | None) -> dict[str, Any] | None:
-    """Sets the delivery mode (unless None) and, with ``set_limit``, the bandwidth limit (None: none); answers
-    both as written, or None when nothing matched: no such destination of the tenant, or mode no-rename for a
-    profile without a completion marker."""
+                 set_limit: bool, bandwidth_limit: int | None,
+                 max_sessions: int | None = None) -> dict[str, Any] | None:
+    """Sets the delivery mode and the sessions at once (each unless None) and, with ``set_limit``, the
+    bandwidth limit (None: none); answers the three as written, or None when nothing matched: no such
+    destination of the tenant, or mode no-rename for a profile without a completion marker."""
     return connector.fetch_one(conn, "directory_set_delivery", dict(
         tenant_id=tenant_id, destination_id=destination_id, delivery_mode=delivery_mode, set_limit=set_limit,
-        bandwidth_limit=bandwidth_limit))
+        bandwidth_limit=bandwidth_limit, max_sessions=max_sessions))
 
 
 def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> dict[str, Any] | None:

@@ -90,15 +90,16 @@ WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND cardinality(more
 RETURNING cardinality(more_host_keys) + 1 AS pinned;
 
 -- name: directory_set_delivery
--- The destination's delivery mode and bandwidth limit (each only when given: a NULL mode keeps the mode,
--- and the limit is written only with set_limit). Mode no-rename publishes a file by its completion marker,
+-- The destination's delivery mode, bandwidth limit and sessions at once (each only when given: a NULL mode
+-- or session count keeps it, and the limit is written only with set_limit). Mode no-rename publishes a file by its completion marker,
 -- so it is written only while the current profile writes one; matches nothing otherwise.
 UPDATE destinations d
 SET delivery_mode = coalesce(%(delivery_mode)s, d.delivery_mode),
-    bandwidth_limit = CASE WHEN %(set_limit)s THEN %(bandwidth_limit)s::bigint ELSE d.bandwidth_limit END
+    bandwidth_limit = CASE WHEN %(set_limit)s THEN %(bandwidth_limit)s::bigint ELSE d.bandwidth_limit END,
+    max_sessions = coalesce(%(max_sessions)s::int, d.max_sessions)
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
   AND (coalesce(%(delivery_mode)s, d.delivery_mode) <> 'no-rename'
        OR EXISTS (SELECT 1 FROM delivery_profiles p
                   WHERE p.destination_id = d.id AND p.version = d.profile_version
                     AND coalesce(p.profile->>'marker', 'none') <> 'none'))
-RETURNING delivery_mode, bandwidth_limit;
+RETURNING delivery_mode, bandwidth_limit, max_sessions;
