@@ -685,6 +685,8 @@ CREATE TABLE webhook_deliveries (
     attempts         int  NOT NULL DEFAULT 0,      -- claimed this often by a notifier
     next_attempt_at  timestamptz NOT NULL DEFAULT clock_timestamp(),   -- due, or leased to a notifier until then
     finished_at      timestamptz,
+    revived_at       timestamptz,                  -- sent again by an operator after it was given up: the
+    revived_by       text,                         -- horizon counts from then (exports webhook redeliver)
     CONSTRAINT fk_webhook_deliveries_endpoint FOREIGN KEY (tenant_id, endpoint_id)
         REFERENCES webhook_endpoints (tenant_id, id),
     CONSTRAINT ck_webhook_deliveries_failure CHECK ((status = 'Failed') = (failure_reason IS NOT NULL)),
@@ -796,10 +798,11 @@ GRANT SELECT ON webhook_endpoints TO exports_reconciler;
 GRANT INSERT ON webhook_deliveries TO exports_reconciler;
 GRANT SELECT ON webhook_endpoints TO exports_notifier;
 GRANT SELECT, UPDATE (state, attempts, next_attempt_at, finished_at) ON webhook_deliveries TO exports_notifier;
+GRANT UPDATE (state, next_attempt_at, finished_at, revived_at, revived_by) ON webhook_deliveries TO exports_app;
 GRANT SELECT, INSERT ON webhook_attempts TO exports_notifier;
 GRANT SELECT (id, tenant_id, delivery_key, attempt_count, expected_file_bytes, expected_file_sha256,
               replaces_job_id) ON export_jobs TO exports_notifier;
 GRANT SELECT (tenant_id, delivery_key, file_name) ON deliveries TO exports_notifier;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (13);
+INSERT INTO schema_version (version) VALUES (14);

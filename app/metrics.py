@@ -285,6 +285,8 @@ class DatabaseGauges:
              backlog.max_sweeps),
             ("exports_open_circuits", "Destinations whose circuit is open: their exports wait for a probe.",
              backlog.open_circuits),
+            ("exports_held_jobs", "Queued jobs of a paused tenant or destination: they wait for a resume.",
+             backlog.held_jobs),
             ("exports_schedules_active", "Active export schedules.", scheduled.active),
             ("exports_schedule_overdue_seconds", "How long the most overdue schedule's fire has waited for a "
              "scheduler (0: none due).", scheduled.overdue_seconds),

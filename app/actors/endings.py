@@ -29,6 +29,7 @@ class RunOutcome(enum.Enum):
 
     NOT_QUEUED = "NotQueued"            # the hint was stale: canceled, claimed, ended, or not found
     REJECTED = "Rejected"               # policy refused this version (the write may have matched nothing)
+    HELD = "Held"                       # its tenant or destination is paused: not claimed; the resume wakes it
     NOT_CLAIMED = "NotClaimed"          # cutoff 1 lost: another claim, a cancel or an edit won
     CLAIM_UNKNOWN = "ClaimUnknown"      # the claim and its re-read both failed
     STOPPED = "Stopped"                 # a recorded stop request ended the attempt before cutoff 2

@@ -159,6 +159,10 @@ class ExportRunner:
         if job is None or job.status is not Status.QUEUED:
             return RunResult(RunOutcome.NOT_QUEUED)
         with logs.bound(tenant_id=job.tenant_id):
+            if job.held is not None:
+                # Not claimed, so nothing to undo: it stays Queued, and the resume's statement wakes it.
+                log.info("runner.held", held=job.held)
+                return RunResult(RunOutcome.HELD, tenant_id=job.tenant_id)
             return dataclasses.replace(self._evaluated(job), tenant_id=job.tenant_id)
 
     def _evaluated(self, job: JobView) -> RunResult:

@@ -35,11 +35,15 @@ EXIT_NOT_FOUND = 3
 #: Refused or conflict: not granted for the tenant, NotChanged, RequestIdReused, replacement not
 #: allowed or its slot taken, a reconciliation or correction that matched nothing.
 EXIT_REFUSED = 4
-#: Unhealthy (``exports health``): a check failed. Its own code, so a probe or a script tells "the
-#: deployment is not doing its job" from "the check itself crashed" (1); sysexits' EX_UNAVAILABLE.
-EXIT_UNHEALTHY = 69
+#: Unavailable (sysexits' EX_UNAVAILABLE), one code for two answers that mean the same to a script, "what
+#: this depends on is not there": a partner's server could not be reached to check a credential
+#: (EXIT_UNREACHABLE), or a health check failed (EXIT_UNHEALTHY, so a probe tells "the deployment is not
+#: doing its job" from "the check itself crashed", 1).
+EXIT_UNREACHABLE = EXIT_UNHEALTHY = 69
 #: Busy: the job's row was locked past the lock timeout; nothing was recorded. Retry with the same request id.
 EXIT_BUSY = 75
+#: Login refused (sysexits' EX_NOPERM): a partner's server refused the credential or presented a key not pinned.
+EXIT_LOGIN_REFUSED = 77
 
 #: What each exit code means, as ``exports --help`` lists them all and each command's ``--help`` its own.
 EXIT_MEANINGS = {
@@ -49,8 +53,10 @@ EXIT_MEANINGS = {
     EXIT_NOT_FOUND: "not found (another tenant's job looks exactly like a missing one)",
     EXIT_REFUSED: "refused or conflict (operator not granted for the tenant, NotChanged, RequestIdReused, "
                   "replacement not allowed or slot taken)",
-    EXIT_UNHEALTHY: "unhealthy: a health check failed (exports health; each failed check says why)",
+    EXIT_UNREACHABLE: "unavailable: a partner's server could not be reached to check a credential, or (exports "
+                      "health) a health check failed, each failed one saying why",
     EXIT_BUSY: "busy: nothing recorded; retry with the same --request-id",
+    EXIT_LOGIN_REFUSED: "login refused: a partner's server refused the credential or presented a host key not pinned",
 }
 #: What done means for cancel, whose every recorded outcome is an answer rather than an error.
 CANCEL_DONE = "done (every recorded cancellation outcome included: TooLate and AlreadyEnded are answers)"

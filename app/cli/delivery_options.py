@@ -93,8 +93,10 @@ def checked(ctx: Context, args: argparse.Namespace, tenant: Tenant, found: Desti
     data: dict[str, Any] = {
         "destination_id": str(found.id), "capabilities": caps.found, "why": caps.why, "modes": modes,
         "deliverable": caps.deliverable, "recommended": None if recommended is None else recommended.value,
-        "recommendation": caps.verdict, "recorded_mode": recorded, "applied": False}
-    lines = [table(["probe", "allowed", "what", "server said"], rows), "",
+        "recommendation": caps.verdict, "recorded_mode": recorded, "applied": False,
+        "sessions": {"accepted": caps.sessions, "tried": caps.sessions_tried, "why": caps.sessions_why or None,
+                     "advice": caps.session_advice or None}}
+    lines = [table(["probe", "allowed", "what", "server said"], rows), "", _sessions_line(caps), "",
              table(["mode", "fits", "missing"], [[name, "yes" if m["fits"] else "no", ", ".join(m["missing"])]
                                                  for name, m in modes.items()]), "",
              f"recommended: {caps.verdict}", f"recorded: {recorded}"]
@@ -113,6 +115,13 @@ def checked(ctx: Context, args: argparse.Namespace, tenant: Tenant, found: Desti
         lines.append(f"the destination records {recorded}: run with --apply to record {recommended.value}")
     emit(ctx, "\n".join(lines), data)
     return EXIT_OK
+
+
+def _sessions_line(caps: Capabilities) -> str:
+    if caps.sessions is None:
+        return "sessions at once: not probed (an earlier step failed)"
+    return f"sessions at once: {caps.sessions} of {caps.sessions_tried} tried" + (
+        f"; {caps.session_advice}" if caps.session_advice else " (the destination's --max-sessions fits)")
 
 
 def _apply(ctx: Context, tenant: Tenant, found: Destination, mode: DeliveryMode) -> dict[str, Any] | None:

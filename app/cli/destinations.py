@@ -1,4 +1,6 @@
-"""Partner destinations (add, edit, show, status, host-key add|remove): their parsers and handlers.
+"""Partner destinations (add, edit, show, check, check-credential, status, host-key add|remove; what pause,
+drain and resume do is in ``destination_pauses``, the credential check in ``credential_check``): their
+parsers and handlers.
 
 A destination is an SFTP endpoint with its pinned host keys, and a delivery profile that says what the
 partner receives. ``destination add`` sets both; ``destination edit`` writes a new profile version
@@ -15,7 +17,7 @@ from typing import Any
 
 import paramiko
 
-from app.cli import delivery_options, profile_options
+from app.cli import credential_check, delivery_options, destination_pauses, profile_options
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
     EXIT_NOT_FOUND,
@@ -41,7 +43,7 @@ from app.delivery.destination import Destination as SftpDestination
 from app.delivery.errors import CredentialError, DestinationError, HostKeyError
 from app.delivery.hostkeys import fetch_host_key, fingerprint, known_hosts_line, parse_host_key
 from app.delivery.profile import Profile
-from app.store import directory, partner
+from app.store import directory, edits, partner, pausing
 from app.store.views import Destination, Tenant
 
 #: Seconds to wait for a server's host key with --fetch-host-key.
@@ -50,12 +52,22 @@ FETCH_HOST_KEY_TIMEOUT = 10.0
 DESTINATION_ADD_EXITS = (
     Exit(EXIT_NOT_FOUND, "not found: no such tenant, or the server gave no host key to fetch"),
     Exit(EXIT_REFUSED, "refused: the fetched host key is shown, not pinned, without --yes"),
+    *credential_check.CHECK_EXITS,
 )
 DESTINATION_EDIT_EXITS = (
     EXIT_NOT_FOUND,
     Exit(EXIT_REFUSED, "refused: the profile is not the version given, or another edit committed first; "
                        "nothing written"),
+    *credential_check.CHECK_EXITS,
 )
+#: The partner's contract flags ``destination edit`` changes, with what each says (``destination add`` sets them).
+CONTRACT_HELP = {
+    "remote_hash": "the server answers check-file-name sha256",
+    "acknowledgments": "the partner writes <final>.ack",
+    "name_and_size_identify": "the contract: name and size identify a file",
+    "read_back": "the contract allows downloading a file to hash it",
+}
+CONTRACT_FLAGS = edits.CONTRACT_FLAGS
 #: Rows ``exports preview`` prints unless told otherwise, and at most.
 PREVIEW_ROWS = 10
 MAX_PREVIEW_ROWS = 10_000
@@ -66,7 +78,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(destination, "add", help_="add a tenant's partner destination, its host key pinned",
                 description="Add a partner SFTP destination. The host key is pinned from --host-key (one known_hosts "
                             "line), or fetched once with --fetch-host-key and pinned only with --yes. The credential "
-                            "is a reference (env:VAR or keyfile:/path), never the secret. The delivery profile "
+                            "is a reference (env:VAR or keyfile:/path), never the secret; it is resolved here and "
+                            "used to log in with the pinned key before anything is recorded (--no-check skips that, "
+                            "for a server not reachable yet). The delivery profile "
                             "options say what the partner receives; without them, the four contact columns as CSV "
                             "named contacts-<delivery key>.csv.",
                 exits=DESTINATION_ADD_EXITS)
@@ -91,6 +105,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="automatic retries of a delivery proven not to have happened for a transient reason, "
                         "per delivery key; 0 turns them off (default 3)")
     p.add_argument("--by", type=name, help="who adds it, for the profile's record (default: this login's name)")
+    credential_check.add_option(p)
     profile_options.add(p, editing=False)
     delivery_options.add(p, editing=False)
     p.set_defaults(handler=destination_add)
@@ -99,10 +114,21 @@ def register(commands: argparse._SubParsersAction) -> None:
                 description="Write a new version of the destination's delivery profile: the options given change, "
                             "the others keep their value. Exports created from now on are named by it; an export "
                             "builds with the version current when its attempt starts, never a mix, and cutoff 2 "
-                            "records which. Nothing is written when nothing changes.",
+                            "records which. --credential changes the credential reference (checked by logging in "
+                            "first, unless --no-check) and the contract flags what the partner's contract allows; "
+                            "each is recorded with who and why, and applies to the attempts that start after it. "
+                            "Host keys are pinned and unpinned with `destination host-key add|remove`. Nothing is "
+                            "written when nothing changes.",
                 exits=DESTINATION_EDIT_EXITS)
     _naming_one(p)
     p.add_argument("--by", type=name, help="who edits it, for the profile's record (default: this login's name)")
+    p.add_argument("--reason", type=text(), help="why, recorded with a credential or contract change")
+    p.add_argument("--credential", "--credential-ref", dest="credential_ref", type=text(1024), metavar="REF",
+                   help="a new credential reference: env:VAR, keyfile:/path or env-keyfile:VAR")
+    credential_check.add_option(p)
+    for flag, meaning in CONTRACT_HELP.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, action=argparse.BooleanOptionalAction,
+                       default=None, help=meaning)
     p.add_argument("--expected-version", type=positive_int(1_000_000), metavar="N",
                    help="edit only if the profile is still version N (what destination show printed)")
     profile_options.add(p, editing=True)
@@ -120,8 +146,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                 description="Connect as a delivery does (the pinned host keys, the credential) and probe, under "
                             "scratch dot-names in the remote directory that it removes again: write, exclusive "
                             "create, stat, lstat, listing, SETSTAT, rename, whether rename refuses an existing "
-                            "target, posix-rename, check-file-name sha256. Prints what the server allows, the "
-                            "delivery modes that fit it and the one it recommends; --apply records that one.",
+                            "target, posix-rename, check-file-name sha256; then how many sessions it accepts at once, "
+                            "up to the destination's --max-sessions (each a login, as deliveries open them). Prints "
+                            "what the server allows, the delivery modes that fit it and the one it recommends; "
+                            "--apply records that one.",
                 exits=(EXIT_NOT_FOUND, Exit(EXIT_REFUSED, "refused: the destination cannot be delivered to in any "
                                                           "mode (or cannot be reached or logged into), or --apply's "
                                                           "mode needs a completion marker the profile lacks; "
@@ -138,9 +166,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = command(destination, "status", help_="each destination's circuit, sessions in use, deferred jobs",
                 description="Each destination's circuit (closed, or open since when and until its next probe), "
                             "the sessions open to it now over every worker host, the jobs waiting out a "
-                            "deferral, and the last connection error.", exits=(EXIT_NOT_FOUND,))
+                            "deferral, whether it is paused or draining (by whom, why) or its tenant paused and "
+                            "the queued exports that holds, and the last error: the newer of the last connection "
+                            "error and the newest failed export's cause.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name (default: every tenant)")
     p.set_defaults(handler=destination_status)
+
+    p = command(destination, "check-credential", help_="resolve the credential reference and log in with it",
+                description="Resolve the destination's credential reference in this environment (the workers' must "
+                            "hold the same) and log in to its server with the pinned host keys, as a delivery "
+                            "does; nothing is written to the server or recorded.",
+                exits=(EXIT_NOT_FOUND, *credential_check.CHECK_EXITS))
+    destination_pauses.add_naming(p, record=False)
+    p.set_defaults(handler=destination_check_credential)
     keys = group(destination, "host-key", "the host keys a destination trusts (a partner rotating its key)")
     p = command(keys, "add", help_="pin one more host key the server may present",
                 description="Pin one more host key for the destination, beside those pinned: a partner rotating "
@@ -163,7 +201,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     _naming_one(p)
     p.add_argument("--fingerprint", required=True, type=text(100), help="SHA256:... of the key to unpin")
     p.set_defaults(handler=host_key_remove)
+    for action, parser in destination_pauses.add(destination).items():
+        parser.set_defaults(handler=PAUSE_HANDLERS[action])
 
+
+def destination_pause(ctx: Context, args: argparse.Namespace) -> int:
+    return destination_pauses.pause(ctx, args)
+
+
+def destination_drain(ctx: Context, args: argparse.Namespace) -> int:
+    return destination_pauses.drain(ctx, args)
+
+
+def destination_resume(ctx: Context, args: argparse.Namespace) -> int:
+    return destination_pauses.resume(ctx, args)
+
+
+PAUSE_HANDLERS = {"pause": destination_pause, "drain": destination_drain, "resume": destination_resume}
 
 
 def _by(args: argparse.Namespace) -> str:
@@ -171,10 +225,7 @@ def _by(args: argparse.Namespace) -> str:
 
 
 def destination_add(ctx: Context, args: argparse.Namespace) -> int:
-    try:
-        credential_ref = str(parse_credential_ref(args.credential_ref))
-    except CredentialError as exc:
-        raise bad_input(f"--credential-ref: {exc}") from None
+    credential_ref = _credential_ref(args.credential_ref)
     profile = profile_options.profile(args, Profile())
     delivery = delivery_options.for_new(args, profile)
     line, key = _host_key(args, args.host, args.port)
@@ -186,16 +237,28 @@ def destination_add(ctx: Context, args: argparse.Namespace) -> int:
         acknowledgments=args.acknowledgments, name_and_size_identify=args.name_and_size_identify,
         read_back=args.read_back, max_sessions=args.max_sessions, auto_retries=args.auto_retries,
         profile=profile.to_json(), created_by=_by(args), **delivery)
+    checked = "credential not checked (--no-check): run `destination check-credential` once the server is up"
+    if not args.no_check:
+        checked = "credential checked: " + credential_check.log_in(_config(new.__dict__), f"destination {args.name!r}")
     with ctx.connection() as conn:
         added = directory.add_destination(conn, destination_id=destination_id, destination=new)
         if added is directory.AddResult.UNKNOWN_TENANT:
             raise not_found(f"no tenant {tenant.id}")
     emit(ctx, f"destination {args.name!r} added to tenant {tenant.name!r}: {destination_id}\n"
-              f"  pinned host key {key.get_name()} {fingerprint(key)}\n"
+              f"  pinned host key {key.get_name()} {fingerprint(key)}\n  {checked}\n"
               + "\n".join(f"  {line_}" for line_ in [*profile.describe(), *delivery_options.described(**delivery)]),
          {"destination_id": str(destination_id), "tenant_id": str(tenant.id), "host_key": line,
-          "fingerprint": fingerprint(key), "profile_version": 1, "profile": profile.to_json(), **delivery})
+          "fingerprint": fingerprint(key), "profile_version": 1, "profile": profile.to_json(), **delivery,
+          "credential_checked": not args.no_check})
     return EXIT_OK
+
+
+def _config(row: dict[str, Any]) -> DestinationConfig:
+    """The config a destination's row (or the row it would be) describes; bad input when it describes none."""
+    try:
+        return DestinationConfig.from_row(row)
+    except DestinationError as exc:
+        raise bad_input(f"the destination cannot be used: {exc}") from None
 
 
 def _naming_one(p: argparse.ArgumentParser) -> None:
@@ -213,6 +276,7 @@ def _named(ctx: Context, args: argparse.Namespace) -> tuple[Tenant, Destination]
 
 def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
     tenant, found = _named(ctx, args)
+    credential_ref = _credential_ref(args.credential_ref) if args.credential_ref is not None else None
     with ctx.connection() as conn:
         current = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id)
         row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
@@ -224,13 +288,23 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
         before = Profile.from_json(current.profile)
         after = profile_options.profile(args, before)
         delivery = delivery_options.changes(args, row, after)
-        if after.to_json() == before.to_json() and delivery is None:
+        if credential_ref == row["credential_ref"]:
+            credential_ref = None
+        contract_was = {flag: row[flag] for flag in CONTRACT_FLAGS}
+        contract = {flag: row[flag] if getattr(args, flag) is None else getattr(args, flag) for flag in CONTRACT_FLAGS}
+        if after.to_json() == before.to_json() and delivery is None and credential_ref is None \
+                and contract == contract_was:
             emit(ctx, f"destination {found.name!r}: profile v{current.version} already says that; nothing written",
                  {"destination_id": str(found.id), "profile_version": current.version, "changed": False})
             return EXIT_OK
+        checked = None
+        if credential_ref is not None and not args.no_check:
+            checked = credential_check.log_in(_config({**row, "credential_ref": credential_ref}),
+                                              f"destination {found.name!r}")
         version: int | None = current.version
         settings: dict[str, Any] | None = row
-        with conn.transaction():   # the profile and the delivery settings, both or neither
+        # The profile, the delivery settings, the credential and the contract: all or nothing.
+        with conn.transaction():
             if after.to_json() != before.to_json():
                 edit, version = directory.edit_profile(conn, tenant_id=tenant.id, destination_id=found.id,
                                                        expected_version=current.version, profile=after.to_json(),
@@ -242,14 +316,52 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
                 settings = directory.set_delivery(conn, tenant_id=tenant.id, destination_id=found.id, **delivery)
                 if settings is None:
                     raise refused(f"destination {found.name!r} changed meanwhile; nothing written, run the edit again")
+            if credential_ref is not None and not edits.set_credential(
+                    conn, tenant_id=tenant.id, destination_id=found.id, expected=row["credential_ref"],
+                    credential_ref=credential_ref, changed_by=_by(args), reason=args.reason):
+                raise refused(f"destination {found.name!r}: its credential reference changed meanwhile; nothing "
+                              "written, run the edit again")
+            if contract != contract_was and not edits.set_contract(
+                    conn, tenant_id=tenant.id, destination_id=found.id, was=contract_was, now=contract,
+                    changed_by=_by(args), reason=args.reason):
+                raise refused(f"destination {found.name!r}: its contract flags changed meanwhile; nothing "
+                              "written, run the edit again")
     assert settings is not None
     shown = delivery_options.described(settings["delivery_mode"], settings["bandwidth_limit"])
+    lines = [*after.describe(), *shown]
+    if credential_ref is not None:
+        lines.append(f"credential {parse_credential_ref(credential_ref).shown} "
+                     + (f"({checked})" if checked else "(not checked: --no-check)"))
+    lines += [f"contract {flag}: {'yes' if contract[flag] else 'no'}" for flag in CONTRACT_FLAGS
+              if contract[flag] != contract_was[flag]]
     emit(ctx, f"destination {found.name!r}: profile v{version}"
               + (f" (was v{current.version})" if version != current.version else " (unchanged)") + "\n"
-              + "\n".join(f"  {line}" for line in [*after.describe(), *shown]),
+              + "\n".join(f"  {line}" for line in lines),
          {"destination_id": str(found.id), "profile_version": version, "previous_version": current.version,
           "changed": True, "profile": after.to_json(), "delivery_mode": settings["delivery_mode"],
-          "bandwidth_limit": settings["bandwidth_limit"]})
+          "bandwidth_limit": settings["bandwidth_limit"], "credential_changed": credential_ref is not None,
+          "credential_checked": checked is not None, "contract": contract})
+    return EXIT_OK
+
+
+def _credential_ref(value: str) -> str:
+    try:
+        return str(parse_credential_ref(value))
+    except CredentialError as exc:
+        raise bad_input(f"credential reference: {exc}") from None
+
+
+def destination_check_credential(ctx: Context, args: argparse.Namespace) -> int:
+    tenant, found = destination_pauses.named(ctx, args)
+    with ctx.connection() as conn:
+        row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
+    if row is None:
+        raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
+    config = _config(row)
+    checked = credential_check.log_in(config, f"destination {found.name!r}")
+    emit(ctx, f"destination {found.name!r}: {checked}",
+         {"destination_id": str(found.id), "host": config.host, "port": config.port, "username": config.username,
+          "credential": config.credential.shown, "logged_in": True})
     return EXIT_OK
 
 
@@ -258,7 +370,8 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.connection() as conn:
         row = directory.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
         stored = directory.read_profile(conn, tenant_id=tenant.id, destination_id=found.id, version=args.version)
-    if row is None:
+        pause = pausing.read_destination(conn, tenant_id=tenant.id, destination_id=found.id)
+    if row is None or pause is None:
         raise not_found(f"no destination {found.id} in tenant {tenant.name!r}")
     if stored is None:
         raise not_found(f"destination {found.name!r} has no profile version {args.version}")
@@ -268,7 +381,7 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                 ["name", found.name], ["id", found.id], ["server", f"{row['username']}@{row['host']}:{row['port']}"],
                 ["remote dir", row["remote_dir"]], ["credential", row["credential_ref"].split(":", 1)[0] + ":..."],
                 ["sessions", row["max_sessions"]], ["auto retries", row["auto_retries"] or "off"],
-                ["active", "yes" if row["active"] else "no"],
+                ["active", "yes" if row["active"] else "no"], ["paused", _pause_cell(pause)],
                 ["host keys", ", ".join(pinned.fingerprints())], *delivery_options.shown(row)[0],
                 ["profile", f"v{stored.version} of v{stored.current_version}, by {stored.created_by}, "
                             f"{stored.created_at:%Y-%m-%d %H:%M:%S}"]]
@@ -281,8 +394,23 @@ def destination_show(ctx: Context, args: argparse.Namespace) -> int:
                       "auto_retries": row["auto_retries"], "active": row["active"],
                       "profile_version": stored.version, "current_profile_version": stored.current_version,
                       "profile_created_by": stored.created_by, "profile_created_at": stored.created_at,
-                      "profile": profile.to_json(), **delivery_options.shown(row)[1]})
+                      "profile": profile.to_json(), **delivery_options.shown(row)[1],
+                      "contract": {flag: row[flag] for flag in CONTRACT_FLAGS},
+                      "pause_state": pause.state.value if pause.state else "active", "paused_by": pause.paused_by,
+                      "paused_reason": pause.paused_reason, "paused_at": pause.paused_at,
+                      "tenant_paused": pause.tenant_paused_at is not None, "running": pause.running,
+                      "queued": pause.queued})
     return EXIT_OK
+
+
+def _pause_cell(pause: pausing.DestinationPause) -> str:
+    if pause.state is not None:
+        return (f"{pause.state.value} by {pause.paused_by} since {pause.paused_at:%Y-%m-%d %H:%M:%S}"
+                + (f": {pause.paused_reason}" if pause.paused_reason else "")
+                + (f" ({pause.running} attempts running)" if pause.running else ""))
+    if pause.tenant_paused_at is not None:
+        return f"no, but its tenant is (by {pause.tenant_paused_by})"
+    return "no"
 
 
 def destination_check(ctx: Context, args: argparse.Namespace) -> int:
@@ -295,7 +423,16 @@ def destination_check(ctx: Context, args: argparse.Namespace) -> int:
 
 
 STATUS_HEADERS = ["tenant", "destination", "host", "circuit", "next probe", "failures", "sessions", "deferred",
-                  "retries", "last error"]
+                  "retries", "paused", "held", "last error"]
+
+
+def _paused(d: partner.DestinationStatus) -> str | None:
+    """The destination's pause as one cell: its state, who and why; or its tenant's."""
+    if d.pause_state is not None:
+        return f"{d.pause_state} by {d.paused_by}" + (f": {d.paused_reason}" if d.paused_reason else "")
+    if d.tenant_paused_at is not None:
+        return f"tenant paused by {d.tenant_paused_by}"
+    return None
 
 
 def destination_status(ctx: Context, args: argparse.Namespace) -> int:
@@ -304,11 +441,15 @@ def destination_status(ctx: Context, args: argparse.Namespace) -> int:
         found = partner.statuses(conn, tenant_id=tenant.id if tenant else None)
     rows = [[d.tenant_name, d.name, f"{d.host}:{d.port}", d.state + ("" if d.active else " (inactive)"),
              d.next_probe_at, d.failures or 0, f"{d.sessions_in_use}/{d.max_sessions}", d.deferred_jobs,
-             d.auto_retries or "off", d.last_error] for d in found]
+             d.auto_retries or "off", _paused(d), d.held_jobs, d.latest_error] for d in found]
     data = [{"destination_id": d.id, "tenant": d.tenant_name, "name": d.name, "host": d.host, "port": d.port,
              "active": d.active, "circuit": d.state, "opened_at": d.opened_at, "next_probe_at": d.next_probe_at,
              "failures": d.failures or 0, "sessions_in_use": d.sessions_in_use, "max_sessions": d.max_sessions,
-             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.last_error}
+             "deferred_jobs": d.deferred_jobs, "auto_retries": d.auto_retries, "last_error": d.latest_error,
+             "last_connection_error": d.last_error, "last_failure": d.last_failure,
+             "last_failure_at": d.last_failure_at, "pause_state": d.pause_state or "active",
+             "paused_by": d.paused_by, "paused_reason": d.paused_reason, "paused_at": d.paused_at,
+             "tenant_paused": d.tenant_paused_at is not None, "held_jobs": d.held_jobs}
             for d in found]
     emit(ctx, table(STATUS_HEADERS, rows) if found else "no destinations", data)
     return EXIT_OK

@@ -36,7 +36,7 @@ from app.cli.common import (
 )
 from app.cli.output import emit
 from app.delivery import naming
-from app.store import cancellation, creation, export
+from app.store import cancellation, creation, export, pausing
 from app.store.types import (
     CancellationOutcome,
     CancellationReply,
@@ -187,12 +187,24 @@ def create(ctx: Context, args: argparse.Namespace) -> int:
                                   lock_timeout=_lock_timeout(args.lock_timeout))
     _refuse_unless_created(answer, f"in tenant {tenant.name!r}")
     replay = _replay_text(answer)
+    held = _held(ctx, tenant.id, destination.id)
     emit(ctx, f"export {answer.job_id} queued for {destination.name!r} (file {answer.file_name}; "
-              f"request {request_id}{replay})",
+              f"request {request_id}{replay})" + (f"; {held}: it waits until resumed" if held else ""),
          {"job_id": str(answer.job_id), "tenant_id": str(tenant.id), "destination_id": str(destination.id),
           "delivery_key": answer.delivery_key, "final_name": answer.file_name, "request_id": str(request_id),
-          "replay": answer.replay_of is not None, "recorded_at": answer.replay_of})
+          "replay": answer.replay_of is not None, "recorded_at": answer.replay_of, "held": held})
     return EXIT_OK
+
+
+def _held(ctx: Context, tenant_id: uuid.UUID, destination_id: uuid.UUID) -> str | None:
+    """Why an export queued now would wait for a resume (its tenant or destination paused), if it would."""
+    with ctx.connection() as conn:
+        pause = pausing.read_destination(conn, tenant_id=tenant_id, destination_id=destination_id)
+    if pause is None:
+        return None
+    if pause.tenant_paused_at is not None:
+        return "its tenant is paused"
+    return None if pause.state is None else f"its destination is {pause.state.value}"
 
 
 def _replay_text(answer: creation.CreateAnswer) -> str:

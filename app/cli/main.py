@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
 
 from app import __version__, logs
-from app.cli import destinations, jobs, operations, preview, processes, schedules, setup, views, webhooks
+from app.cli import destinations, jobs, operations, preview, processes, schedules, setup, tenants, views, webhooks
 from app.cli.common import (
     EXIT_FAILURE,
     EXIT_MEANINGS,
@@ -44,7 +44,7 @@ from app.config import Settings
 log = logs.get(__name__)
 
 #: The command modules, in the order ``exports --help`` lists their commands.
-COMMAND_MODULES = (setup, destinations, webhooks, preview, jobs, schedules, views, operations, processes)
+COMMAND_MODULES = (setup, tenants, destinations, webhooks, preview, jobs, schedules, views, operations, processes)
 #: The entry point group through which installed packages add commands.
 PLUGIN_GROUP = "exports.commands"
 #: The end of ``exports --help``, after the exit codes.

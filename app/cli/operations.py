@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from app import health as health_checks
-from app.cli.common import EXIT_OK, EXIT_UNHEALTHY, Context, command, group, text
+from app.cli.common import EXIT_OK, EXIT_UNHEALTHY, Context, Exit, command, group, text
 from app.cli.output import emit, table
 from app.heartbeat import SILENT_INTERVALS
 from app.store import heartbeat, retention
@@ -24,7 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "not a liveness probe: a supervisor restarting the process that asked would cure "
                             "nothing. For liveness, --process ROLE asks this host's process of that role for its "
                             "own metrics endpoint, without the database.",
-                exits=(EXIT_UNHEALTHY,))
+                exits=(Exit(EXIT_UNHEALTHY, "unhealthy: a check failed (each failed one says why)"),))
     checks = p.add_mutually_exclusive_group()
     checks.add_argument("--require", type=_roles, default=(), metavar="ROLES",
                         help="also require a live process (a recent heartbeat) of each role (comma separated: "

@@ -1,12 +1,11 @@
-"""Setting up before exports exist (db, tenant, operator, contacts; destinations are in
-``app.cli.destinations``): their parsers and handlers. These are for administrators; no operator
+"""Setting up before exports exist (db, operator, contacts; tenants are in ``app.cli.tenants``,
+destinations in ``app.cli.destinations``): their parsers and handlers. These are for administrators; no operator
 grant is checked."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import uuid
 from pathlib import Path
 
 from app.cli import contacts as cli_contacts
@@ -46,11 +45,6 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help=f"(default {logins.RECONCILER_LOGIN})")
     p.add_argument("--apply", action="store_true", help="run the statements instead of printing them")
     p.set_defaults(handler=db_logins)
-
-    tenant = group(commands, "tenant", "tenants")
-    p = command(tenant, "add", help_="add a tenant and print its id", description="Add a tenant and print its id.")
-    p.add_argument("name", type=name)
-    p.set_defaults(handler=tenant_add)
 
     operator = group(commands, "operator", "operator access")
     p = command(operator, "grant", help_="let an operator act for a tenant",
@@ -126,14 +120,6 @@ def db_logins(ctx: Context, args: argparse.Namespace) -> int:
         return EXIT_OK
     with ctx.connection() as conn:
         emit(ctx, logins.script(conn, names).rstrip("\n"), {"applied": False, "sql": logins.script(conn, names)})
-    return EXIT_OK
-
-
-def tenant_add(ctx: Context, args: argparse.Namespace) -> int:
-    tenant_id = uuid.uuid4()
-    with ctx.connection() as conn:
-        directory.add_tenant(conn, tenant_id=tenant_id, name=args.name)
-    emit(ctx, f"tenant {args.name!r} added: {tenant_id}", {"tenant_id": str(tenant_id), "name": args.name})
     return EXIT_OK
 
 

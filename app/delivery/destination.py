@@ -101,12 +101,28 @@ class Destination:
         with connect(self.config, self._pinned, self._credential()) as session:
             return listing.list_final(session, self.config, final_name, with_hash=with_hash, marker_name=marker_name)
 
+    def log_in(self) -> Unreachable | None:
+        """Resolves the credential and logs in as a delivery does (the pinned host keys), then logs out:
+        None when it logged in, else why not, its cause saying who is at fault: configuration (the key is
+        not pinned, the login was refused) or the connection (transient). Raises CredentialError when the
+        reference does not resolve here: nothing was sent."""
+        credential = self._credential()
+        try:
+            with connect(self.config, self._pinned, credential):
+                return None
+        except Exception as exc:
+            return Unreachable(cause_of(exc), describe(exc, redact=credential.redactions()))
+
     def check(self, *, ingestion_window: float | None = None) -> preflight.Capabilities:
         """What the server allows (``exports destination check``), on a session opened as a delivery's, and
         with ``ingestion_window`` whether the partner's ingestion takes a published file. Raises the
         connection's error (a host key not pinned, a refused credential, no answer)."""
-        with connect(self.config, self._pinned, self._credential()) as session:
-            return preflight.check(session, self.config, ingestion_window=ingestion_window)
+        credential = self._credential()
+        with connect(self.config, self._pinned, credential) as session:
+            found = preflight.check(session, self.config, ingestion_window=ingestion_window)
+            preflight.sessions(found, lambda: connect(self.config, self._pinned, credential),
+                               self.config.max_sessions, redactions=credential.redactions())
+            return found
 
     def complete_marker(self, expected: ExpectedFile, attempt_id: str) -> Listing:
         """For recovery and reconciliation: the completion marker written where the file is there as
@@ -189,7 +205,10 @@ class Destination:
             if not isinstance(exc, Exception):
                 raise
             raise EvidenceNotRecorded(f"the baseline was not recorded: {describe(exc)}") from exc
-        log.info("delivery.baseline", **fields, present=baseline.present, size=baseline.size, reused=held.reused)
+        # At INFO only when a file is there already, which decides what follows; an empty baseline is
+        # every ordinary delivery, and the runner's lines say the rest (its session's reuse included).
+        (log.info if baseline.present else log.debug)(
+            "delivery.baseline", **fields, present=baseline.present, size=baseline.size, reused=held.reused)
         decision = self._decide(baseline, replacement or replacement_of is not None, replacement_of,
                                 overwrite_agreed, expected)
         if isinstance(decision, Failed):

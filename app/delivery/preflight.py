@@ -8,6 +8,11 @@ directory, SETSTAT, ``rename``, whether ``rename`` refuses an existing target (t
 ``posix-rename@openssh.com``, and the ``check-file-name`` sha256. Each probe answers yes, no (the server
 refused: its status reply), or not probed; a broken connection ends the check.
 
+How many sessions the server accepts at once is probed last, by opening more sessions as a delivery
+opens them (each its own connection and login), held together, up to the destination's ``max_sessions``:
+a server that refuses some (MySecureShell's LimitConnectionByUser, a partner's firewall) would otherwise
+show only as deliveries failing under load. It decides no mode; the report says to lower ``--max-sessions``.
+
 Whether the partner's ingestion takes a file the moment it appears cannot be seen under a name the
 partner ignores: only when asked (``ingestion_window``), the check publishes one empty visible file,
 ``exports-check-<hex>.probe``, and watches whether it is taken within the window (removing it if not).
@@ -18,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 
 from app.delivery.classifier import describe, is_status_reply
@@ -52,6 +59,20 @@ class Capabilities:
     found: dict[str, bool | None] = field(default_factory=lambda: dict.fromkeys(PROBES))
     #: Why a probe said no, in the server's words (redacted of the credential).
     why: dict[str, str] = field(default_factory=dict)
+    #: Sessions the server accepted at once (the check's own included), of ``sessions_tried``; None: not probed.
+    sessions: int | None = None
+    sessions_tried: int | None = None
+    #: Why the session after the last accepted one was not (redacted of the credential).
+    sessions_why: str = ""
+
+    @property
+    def session_advice(self) -> str:
+        """One line on the destination's ``max_sessions`` against what the server accepted; "" when it fits."""
+        if self.sessions is None or self.sessions_tried is None or self.sessions >= self.sessions_tried:
+            return ""
+        return (f"the server accepted {self.sessions} session(s) at once of the {self.sessions_tried} the destination "
+                f"allows ({self.sessions_why}): `destination edit --max-sessions {max(self.sessions, 1)}`, or the "
+                "deliveries past it fail transiently and are retried")
 
     def missing(self, mode: DeliveryMode) -> list[str]:
         """What ``mode`` needs that the server does not allow (or that was not probed)."""
@@ -211,3 +232,21 @@ def _refused(action) -> bool:
         return True
     return False
 
+
+
+def sessions(result: Capabilities, open_session: Callable[[], AbstractContextManager[object]], want: int, *,
+             redactions: tuple[str, ...] = ()) -> None:
+    """Opens sessions with ``open_session`` (a context manager each) while the check's own stays open, and
+    holds them all, until ``want`` are open at once or the server refuses one; records how many it
+    accepted. Every session it opened is closed before it returns."""
+    result.sessions_tried = want
+    accepted = 1   # the check's own session
+    with ExitStack() as held:
+        while accepted < want:
+            try:
+                held.enter_context(open_session())
+            except Exception as exc:   # noqa: BLE001 - any refusal is the answer: how many it accepted
+                result.sessions_why = describe(exc, redact=redactions)
+                break
+            accepted += 1
+    result.sessions = accepted

@@ -2,7 +2,8 @@
 
 It writes a fresh outbox row for every job left Queued longer than the threshold, batch by batch,
 through ``app/store/sweeper.py``'s conditional statement (``FOR UPDATE SKIP LOCKED``, re-checking
-Queued), so any number of schedulers may sweep at once.
+Queued), so any number of schedulers may sweep at once. Exports of a paused tenant or destination are left:
+their resume wakes them. Each pass also pauses the draining destinations whose last attempt has ended.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from app import logs
 from app.config import ConfigError, Settings
-from app.store import sweeper
+from app.store import pausing, sweeper
 from app.store.database import Database
 
 log = logs.get(__name__)
@@ -37,6 +38,8 @@ class SweeperConfig:
 class SweepCounts:
     republished: int = 0
     batches: int = 0
+    #: Draining destinations paused by this pass: none of their attempts runs any more.
+    drained: int = 0
 
 
 class Sweeper:
@@ -59,7 +62,11 @@ class Sweeper:
                 log.info("sweeper.republished", tenant_id=job.tenant_id, job_id=job.job_id, message_id=job.message_id)
             if len(jobs) < self.config.batch_size:
                 break
-        counts = SweepCounts(republished=republished, batches=batches)
-        if republished:
-            log.info("sweeper.run", republished=republished, batches=batches)
+        with self.db.connection() as conn:
+            drained = pausing.settle_drains(conn)
+        for destination_id in drained:
+            log.info("sweeper.drained", destination_id=destination_id)
+        counts = SweepCounts(republished=republished, batches=batches, drained=len(drained))
+        if republished or drained:
+            log.info("sweeper.run", republished=republished, batches=batches, drained=len(drained))
         return counts

@@ -27,6 +27,8 @@ class Backlog:
     max_sweeps: int
     #: Destinations whose circuit is open: their exports defer without building until a probe connects.
     open_circuits: int
+    #: Queued jobs of a paused tenant or a paused or draining destination: they wait for a resume.
+    held_jobs: int = 0
 
 
 def jobs_by_status(conn: psycopg.Connection) -> dict[str, int]:
@@ -47,7 +49,7 @@ def backlog(conn: psycopg.Connection) -> Backlog:
                    expired_leases=row["expired_leases"],
                    oldest_expired_lease_seconds=float(row["oldest_expired_lease_seconds"] or 0),
                    outcome_unknown=row["outcome_unknown"],
-                   max_sweeps=row["max_sweeps"], open_circuits=row["open_circuits"])
+                   max_sweeps=row["max_sweeps"], open_circuits=row["open_circuits"], held_jobs=row["held_jobs"])
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,28 @@ class DestinationStatus:
     sessions_in_use: int
     #: Queued jobs waiting out a deferral.
     deferred_jobs: int
+    #: ``paused`` or ``draining`` (None: active), who, why and since when; its tenant's pause.
+    pause_state: str | None = None
+    paused_by: str | None = None
+    paused_reason: str | None = None
+    paused_at: datetime | None = None
+    tenant_paused_at: datetime | None = None
+    tenant_paused_by: str | None = None
+    #: Queued exports a pause holds (its own or its tenant's).
+    held_jobs: int = 0
+    #: The newest Failed export's recorded cause (code, cause class, detail) and when.
+    last_failure: str | None = None
+    last_failure_at: datetime | None = None
+
+    @property
+    def latest_error(self) -> str | None:
+        """The newer of the circuit's last connection error and the newest failed export's cause."""
+        if self.last_failure is None:
+            return self.last_error
+        if self.last_error is None or self.updated_at is None or (
+                self.last_failure_at is not None and self.last_failure_at >= self.updated_at):
+            return self.last_failure
+        return self.last_error
 
 
 def statuses(conn: psycopg.Connection, *, tenant_id: UUID | None = None) -> list[DestinationStatus]:

@@ -55,6 +55,8 @@ class JobView:
     #: An incremental export sends the contacts changed since this snapshot (None: its schedule's first run).
     incremental: bool = False
     incremental_since: str | None = None
+    #: Why it must wait unclaimed: ``tenant paused``, ``destination paused`` or ``destination draining``.
+    held: str | None = None
 
 
 def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
@@ -79,7 +81,7 @@ def read_job(conn: psycopg.Connection, job_id: UUID) -> JobView | None:
                    circuit=Circuit.from_row(row["circuit_state"], row["circuit_failures"], row["circuit_last_error"],
                                             row["circuit_probe_in_seconds"], row["circuit_probe_held"]),
                    original_expected=original, profile=row["profile"], profile_version=row["profile_version"],
-                   incremental=row["incremental"], incremental_since=row["incremental_since"])
+                   incremental=row["incremental"], incremental_since=row["incremental_since"], held=row["held"])
 
 
 def confirm_stops(conn: psycopg.Connection, watched: dict[UUID, UUID]) -> list[UUID]:

@@ -68,7 +68,8 @@ def set_up(system: System, peer, *, contacts: int = 500, via_port: int | None = 
     system.cli("contacts", "generate", "--tenant", TENANT, "--count", str(contacts), "--seed", "1")
     port = via_port or peer.config.port
     key = peer.config.host_key.split(None, 1)[1]
-    system.cli("destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
+    system.cli("destination", "add", "--no-check",
+               "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
                str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
                "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}")
 

@@ -119,7 +119,8 @@ def test_tenant_add_prints_the_new_tenant_id(exports_cli, admin):
 def test_destination_add_pins_the_given_host_key_and_stores_only_a_credential_reference(exports_cli, admin, seed):
     seed.tenant("Initech")
     line = "[127.0.0.1]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
-    created = exports_cli("destination", "add", "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1",
+    created = exports_cli("destination", "add", "--no-check",
+                          "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1",
                           "--port", "2222", "--username", "p", "--remote-dir", "/inbox", "--credential-ref",
                           "env:PARTNER_PW", "--host-key", line, "--remote-hash", "--json").json
     row = admin.execute("SELECT * FROM destinations WHERE id = %s", (created["destination_id"],)).fetchone()
@@ -130,7 +131,8 @@ def test_destination_add_pins_the_given_host_key_and_stores_only_a_credential_re
 def test_destination_add_records_the_partners_session_limit_and_automatic_retries(exports_cli, admin, seed):
     seed.tenant("Initech")
     line = "[127.0.0.1]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
-    args = ["destination", "add", "--tenant", "Initech", "--host", "127.0.0.1", "--port", "2222", "--username", "p",
+    args = ["destination", "add", "--no-check",
+            "--tenant", "Initech", "--host", "127.0.0.1", "--port", "2222", "--username", "p",
             "--remote-dir", "/inbox", "--credential-ref", "env:PW", "--host-key", line]
     limited = exports_cli(*args, "--name", "limited", "--max-sessions", "2", "--auto-retries", "0", "--json").json
     default = exports_cli(*args, "--name", "default", "--json").json
@@ -188,7 +190,8 @@ def test_show_prints_how_often_an_export_was_deferred_and_why(exports_cli, seed,
 def test_destination_add_refuses_a_host_key_line_for_another_port(exports_cli, admin, seed):
     seed.tenant("Initech")
     before = snapshot(admin)
-    result = exports_cli("destination", "add", "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1",
+    result = exports_cli("destination", "add", "--no-check",
+                         "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1",
                          "--port", "2222", "--username", "p", "--remote-dir", "/inbox", "--credential-ref", "env:PW",
                          "--host-key", "[127.0.0.1]:22 ssh-ed25519 "
                                        "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
@@ -200,7 +203,8 @@ def test_destination_add_refuses_a_host_key_line_for_another_port(exports_cli, a
 def test_destination_add_fetches_the_host_key_but_pins_it_only_with_yes(exports_cli, admin, seed, embedded_sftp):
     seed.tenant("Initech")
     port = str(embedded_sftp.config.port)
-    args = ["destination", "add", "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1", "--port", port,
+    args = ["destination", "add", "--no-check",
+            "--tenant", "Initech", "--name", "partner", "--host", "127.0.0.1", "--port", port,
             "--username", "partner", "--remote-dir", "/inbox", "--credential-ref", "env:PW", "--fetch-host-key"]
     unconfirmed = exports_cli(*args, expect=EXIT_REFUSED)
     one_line_error(unconfirmed)
@@ -515,7 +519,8 @@ MISSING = str(uuid.uuid4())
     pytest.param(["correct", MISSING, "--tenant", "Initech", "--attempt", MISSING, "--from", "Completed", "--to",
                   "Failed", "--evidence-ref", "x", "--why", "y", "--by", "alice"], EXIT_BAD_INPUT,
                  id="correct-to-failed-without-a-reason"),
-    pytest.param(["destination", "add", "--tenant", "Initech", "--name", "p", "--host", "h", "--username", "u",
+    pytest.param(["destination", "add", "--no-check",
+                  "--tenant", "Initech", "--name", "p", "--host", "h", "--username", "u",
                   "--remote-dir", "/", "--credential-ref", "hunter2", "--host-key", "h ssh-ed25519 AAAA"],
                  EXIT_BAD_INPUT, id="a-secret-as-credential-ref"),
 ])

@@ -22,7 +22,8 @@ def rotating(system: System, openssh_sftp):
     system.cli("contacts", "generate", "--tenant", TENANT, "--count", "50", "--seed", "1")
     port = openssh_sftp.config.port
     old = paramiko.RSAKey.generate(2048)   # the key the partner had: the server no longer presents it
-    system.cli("destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
+    system.cli("destination", "add", "--no-check",
+               "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port",
                str(port), "--username", openssh_sftp.config.username, "--remote-dir", openssh_sftp.config.remote_dir,
                "--credential-ref", openssh_sftp.config.credential_ref,
                "--host-key", f"[127.0.0.1]:{port} ssh-rsa {old.get_base64()}")

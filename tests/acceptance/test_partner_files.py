@@ -83,7 +83,8 @@ def _import(system: System, tmp_path: Path) -> list[dict[str, str]]:
 def _add_destination(system: System, peer, name: str, *profile: str) -> dict:
     port = peer.config.port
     key = peer.config.host_key.split(None, 1)[1]
-    return system.cli("destination", "add", "--tenant", TENANT, "--name", name, "--host", "127.0.0.1", "--port",
+    return system.cli("destination", "add", "--no-check",
+                      "--tenant", TENANT, "--name", name, "--host", "127.0.0.1", "--port",
                       str(port), "--username", peer.config.username, "--remote-dir", peer.config.remote_dir,
                       "--credential-ref", peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}",
                       "--by", OPERATOR, *profile, "--json").json
@@ -332,7 +333,7 @@ def test_a_malformed_expired_or_missing_partner_key_is_refused_at_destination_ad
                                   "-----END PGP PUBLIC KEY BLOCK-----\n")
     host_key = paramiko.RSAKey.generate(1024)
 
-    result = exports_cli("destination", "add", "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1",
+    result = exports_cli("destination", "add", "--no-check", "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1",
                          "--username", "u", "--remote-dir", "/in", "--credential-ref", "env:X",
                          "--host-key", f"127.0.0.1 ssh-rsa {host_key.get_base64()}",
                          "--encrypt-to", str(paths[option]), expect=2)
@@ -412,7 +413,8 @@ def test_a_bad_profile_option_at_add_or_edit_is_one_line_and_exit_2_and_writes_n
                                                                                         says):
     exports_cli("tenant", "add", TENANT)
     host_key = paramiko.RSAKey.generate(1024)
-    destination = ("destination", "add", "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1", "--username", "u",
+    destination = ("destination", "add", "--no-check",
+                   "--tenant", TENANT, "--name", "p", "--host", "127.0.0.1", "--username", "u",
                    "--remote-dir", "/in", "--credential-ref", "env:X",
                    "--host-key", f"127.0.0.1 ssh-rsa {host_key.get_base64()}")
 

@@ -38,7 +38,8 @@ def _set_up(system: System, peer, *, port: int, max_sessions: int) -> tuple[uuid
     system.cli("contacts", "generate", "--tenant", TENANT, "--count", "200", "--seed", "1")
     key = peer.config.host_key.split(None, 1)[1]
     destination_id = system.cli(
-        "destination", "add", "--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port", str(port),
+        "destination", "add", "--no-check",
+"--tenant", TENANT, "--name", "partner", "--host", "127.0.0.1", "--port", str(port),
         "--username", peer.config.username, "--remote-dir", peer.config.remote_dir, "--credential-ref",
         peer.config.credential_ref, "--host-key", f"[127.0.0.1]:{port} {key}", "--max-sessions", str(max_sessions),
         "--json").json["destination_id"]

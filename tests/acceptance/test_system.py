@@ -108,7 +108,8 @@ def test_an_export_edited_while_queued_is_delivered_to_the_new_destination(syste
     archive = Path(embedded_sftp.config.remote_dir).parent / "archive"
     (embedded_sftp.inbox.parent / "archive").mkdir()
     key = embedded_sftp.config.host_key
-    system.cli("destination", "add", "--tenant", TENANT, "--name", "archive", "--host", "127.0.0.1", "--port",
+    system.cli("destination", "add", "--no-check",
+               "--tenant", TENANT, "--name", "archive", "--host", "127.0.0.1", "--port",
                str(embedded_sftp.config.port), "--username", embedded_sftp.config.username, "--remote-dir",
                str(archive), "--credential-ref", embedded_sftp.config.credential_ref, "--host-key", key)
     job_id = create(system)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from app import metrics
 from app.heartbeat import identity
-from app.store import heartbeat, partner, webhooks
+from app.store import heartbeat, partner, pausing, webhooks
 from app.store.database import Database
 from app.store.types import FailureCode, Role, Status
 from tests.factories_more import States
@@ -115,3 +115,19 @@ def test_a_scrape_counts_active_schedules_the_most_overdue_fire_and_held_slots(a
 
     assert samples["exports_schedules_active"] == 1 and samples["exports_schedule_held_slots"] == 1
     assert 600 <= samples["exports_schedule_overdue_seconds"] < 1200   # the paused one's older fire is not counted
+
+
+def test_exports_held_by_a_pause_are_counted_apart_from_the_oldest_wait(app_db, seed, conn):
+    held = seed.queued()
+    seed.age_wakeup(held, minutes=120)
+    waiting = seed.queued()
+    assert pausing.pause_destination(conn, tenant_id=held.tenant_id, destination_id=held.destination_id,
+                                     changed_by="ops-alice", reason=None)
+
+    samples = _scrape(app_db)
+
+    assert samples["exports_held_jobs"] == 1
+    # The held export waited two hours for a person, not for a worker: the queue is not stalled.
+    assert samples["exports_queued_oldest_wait_seconds"] < 3600
+    assert pausing.pause_tenant(conn, tenant_id=waiting.tenant_id, changed_by="ops-alice", reason=None)
+    assert _scrape(app_db)["exports_held_jobs"] == 2

@@ -6,7 +6,8 @@ SELECT status, count(*) AS jobs FROM export_jobs GROUP BY status;
 -- name: metrics_backlog
 -- The numbers an operator acts on: the relay's lag, the oldest wait in Queued, leases nobody took over,
 -- OutcomeUnknown jobs waiting for a person, the most republished job (the reference: alert when a
--- job's sweep_count keeps rising), and the destinations whose circuit is open. The relay's lag counts from when a row fell due: a deferral's wake-up
+-- job's sweep_count keeps rising), the destinations whose circuit is open, and the exports held by a pause
+-- (apart from the oldest wait: they wait for a person's resume, not for a worker). The relay's lag counts from when a row fell due: a deferral's wake-up
 -- waiting for its backoff is scheduled, not late, and is counted apart.
 SELECT
     (SELECT count(*) FROM outbox WHERE published_at IS NULL
@@ -18,8 +19,12 @@ SELECT
      AND coalesce(due_at, created_at) > (SELECT clock_timestamp())) AS scheduled,
     (SELECT count(*) FROM export_jobs WHERE status = 'Queued' AND deferrals > 0
      AND woken_at > (SELECT clock_timestamp())) AS deferred_jobs,
-    (SELECT extract(epoch FROM clock_timestamp() - min(woken_at)) FROM export_jobs WHERE status = 'Queued')
-        AS oldest_queued_seconds,
+    -- ORDER BY ... LIMIT 1 rather than min(): with the pause checks min() would read every Queued row, this
+    -- reads ix_export_jobs_woken from its oldest entry until one is not held.
+    (SELECT extract(epoch FROM clock_timestamp() - j.woken_at) FROM export_jobs j WHERE status = 'Queued'
+     AND NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = j.destination_id AND d.pause_state IS NOT NULL)
+     AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = j.tenant_id AND t.paused_at IS NOT NULL)
+     ORDER BY j.woken_at LIMIT 1) AS oldest_queued_seconds,
     (SELECT count(*) FROM export_jobs
      WHERE status IN ('Running', 'Delivering') AND lease_expires_at < (SELECT clock_timestamp())) AS expired_leases,
     (SELECT extract(epoch FROM clock_timestamp() - min(lease_expires_at)) FROM export_jobs
@@ -27,6 +32,9 @@ SELECT
         AS oldest_expired_lease_seconds,
     (SELECT count(*) FROM export_jobs WHERE status = 'OutcomeUnknown') AS outcome_unknown,
     (SELECT coalesce(max(sweep_count), 0) FROM export_jobs WHERE status = 'Queued') AS max_sweeps,
+    (SELECT count(*) FROM export_jobs j WHERE status = 'Queued'
+     AND (EXISTS (SELECT 1 FROM destinations d WHERE d.id = j.destination_id AND d.pause_state IS NOT NULL)
+          OR EXISTS (SELECT 1 FROM tenants t WHERE t.id = j.tenant_id AND t.paused_at IS NOT NULL))) AS held_jobs,
     (SELECT count(*) FROM destination_circuits WHERE state = 'open') AS open_circuits;
 
 -- name: metrics_failed_by_code

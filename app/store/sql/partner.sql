@@ -71,8 +71,16 @@ SELECT pg_advisory_unlock((hashtext(%(destination_id)s::text)::bigint << 32) | %
 -- name: partner_status
 -- Each destination as `exports destination status` shows it: its circuit, the session slots held now
 -- (advisory locks in this database with the destination's hash as their high half), and how many of its
--- jobs wait out a deferral.
+-- jobs wait out a deferral; its pause (and its tenant's) with who and why, and how many queued exports
+-- the pause holds; and the newest failed export's cause, with when it was recorded, so a credential the
+-- partner refused shows here as well as a connection that failed.
 SELECT d.id, t.name AS tenant_name, d.name, d.host, d.port, d.active, d.max_sessions, d.auto_retries,
+       d.pause_state, d.paused_by, d.paused_reason, d.paused_at, t.paused_at AS tenant_paused_at,
+       t.paused_by AS tenant_paused_by,
+       (SELECT count(*) FROM export_jobs j
+        WHERE j.tenant_id = d.tenant_id AND j.status = 'Queued' AND j.destination_id = d.id
+          AND (d.pause_state IS NOT NULL OR t.paused_at IS NOT NULL)) AS held_jobs,
+       f.detail AS last_failure, f.recorded_at AS last_failure_at,
        coalesce(c.state, 'closed') AS state, c.opened_at, c.next_probe_at, c.failures, c.last_error,
        c.updated_at,
        (SELECT count(*) FROM pg_locks l
@@ -85,5 +93,11 @@ SELECT d.id, t.name AS tenant_name, d.name, d.host, d.port, d.active, d.max_sess
 FROM destinations d
 JOIN tenants t ON t.id = d.tenant_id
 LEFT JOIN destination_circuits c ON c.destination_id = d.id
+LEFT JOIN LATERAL (
+    SELECT e.detail, e.recorded_at FROM export_jobs j
+    JOIN export_attempt_events e ON e.job_id = j.id AND e.attempt_id = j.attempt_id
+    WHERE j.tenant_id = d.tenant_id AND j.status = 'Failed' AND j.destination_id = d.id
+      AND e.kind IN ('Failed', 'Finished', 'AttemptsExhausted', 'Reconciled', 'Corrected')
+    ORDER BY e.recorded_at DESC LIMIT 1) f ON true
 WHERE %(tenant_id)s::uuid IS NULL OR d.tenant_id = %(tenant_id)s::uuid
 ORDER BY t.name, d.name, d.id;

@@ -4,10 +4,13 @@
 -- Batched, so a large backlog never becomes one long transaction. SKIP LOCKED leaves rows another writer
 -- is changing to the next sweep; the UPDATE re-checks Queued, so a job that left the queue gets nothing.
 -- The threshold is computed once (a scalar subquery), so it bounds the scan of ix_export_jobs_woken
--- instead of being re-evaluated on every Queued row.
+-- instead of being re-evaluated on every Queued row. A job whose tenant or destination is paused (or
+-- draining) waits unclaimed by design, with no message: the resume wakes it (sql/pausing.sql), so it is left.
 WITH due AS (
-    SELECT id FROM export_jobs
+    SELECT id FROM export_jobs j
     WHERE status = 'Queued' AND woken_at < (SELECT clock_timestamp() - make_interval(secs => %(sweep_after_seconds)s))
+      AND NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = j.destination_id AND d.pause_state IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = j.tenant_id AND t.paused_at IS NOT NULL)
     ORDER BY woken_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED),

@@ -9,7 +9,8 @@
 -- be identified as the original's delivery (final: the original ended before the replacement was made);
 -- the file name the key delivers under, and the destination's current delivery profile, which the
 -- attempt builds with from its first byte to its last, whatever edit commits meanwhile; and, for an
--- incremental export, the snapshot it sends the changes since.
+-- incremental export, the snapshot it sends the changes since. And whether its tenant or its destination is
+-- paused (or draining): then it waits unclaimed, and the resume wakes it (sql/pausing.sql).
 SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.delivery_key, j.replaces_job_id,
        j.incremental, j.incremental_since::text AS incremental_since, k.file_name, p.version AS profile_version, p.profile,
        j.overwrite_agreement_ref, j.deferrals,
@@ -21,9 +22,12 @@ SELECT j.id, j.tenant_id, j.status, j.version, j.destination_id, j.delivery_key,
        extract(epoch FROM c.next_probe_at - clock_timestamp()) AS circuit_probe_in_seconds,
        coalesce(c.probe_attempt_id IS NOT NULL AND c.probe_until > clock_timestamp(), false) AS circuit_probe_held,
        o.expected_file_name AS original_file_name, o.expected_file_bytes AS original_file_bytes,
-       o.expected_file_sha256 AS original_file_sha256
+       o.expected_file_sha256 AS original_file_sha256,
+       CASE WHEN t.paused_at IS NOT NULL THEN 'tenant paused'
+            WHEN d.pause_state IS NOT NULL THEN 'destination ' || d.pause_state END AS held
 FROM export_jobs j
 JOIN deliveries k ON k.tenant_id = j.tenant_id AND k.delivery_key = j.delivery_key
+JOIN tenants t ON t.id = j.tenant_id
 LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
 LEFT JOIN delivery_profiles p ON p.destination_id = d.id AND p.version = d.profile_version
 LEFT JOIN destination_circuits c ON c.destination_id = j.destination_id

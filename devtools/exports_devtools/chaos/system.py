@@ -206,7 +206,7 @@ class ChaosSystem(SoakServices):
             if index and not self.second_destination:
                 break
             added = self.cli_json(
-                "destination", "add", "--tenant", self.tenant, "--name", name, "--host", "127.0.0.1",
+                "destination", "add", "--no-check", "--tenant", self.tenant, "--name", name, "--host", "127.0.0.1",
                 "--port", str(self.link.port), "--username", PARTNER_USER, "--remote-dir", remote_dir,
                 "--credential-ref", f"keyfile:{self._client_key}", "--host-key", f"[127.0.0.1]:{self.link.port} {key}",
                 *(("--remote-hash",) if index == 0 else ()), *profile)

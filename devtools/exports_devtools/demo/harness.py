@@ -251,7 +251,7 @@ class Demo:
         for name, port, remote_dir in (("partner", self.partner.port, "/inbox"),
                                        ("partner-archive", self.partner.port, "/archive"),
                                        ("partner-slow-link", self.link.port, "/inbox")):
-            self.exports("destination", "add", "--tenant", TENANT, "--name", name, "--host", "127.0.0.1",
+            self.exports("destination", "add", "--no-check", "--tenant", TENANT, "--name", name, "--host", "127.0.0.1",
                          "--port", str(port), "--username", self.partner.username, "--remote-dir", remote_dir,
                          "--credential-ref", self.partner.credential_ref,
                          "--host-key", f"[127.0.0.1]:{port} {key}", show=name == "partner")

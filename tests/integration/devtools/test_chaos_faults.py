@@ -136,7 +136,10 @@ def test_the_partner_journal_counts_one_finalization_per_delivered_file(system):
 
 def test_a_worker_is_found_by_the_claimed_by_of_its_attempts(system):
     worker = system.workers()[0]
-    child = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == worker.pid)
+    # A worker restarted by an earlier test may not have forked its children yet.
+    child = wait_until(lambda: next((int(p) for p in os.listdir("/proc")
+                                     if p.isdigit() and _parent(int(p)) == worker.pid), None),
+                       f"a child of worker {worker.pid}", timeout=60)
     assert system.worker_for(f"host:{child}:1") is worker
     assert system.worker_for(f"host:{worker.pid}:1") is worker
     assert system.worker_for("host:1:1") is None

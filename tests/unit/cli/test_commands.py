@@ -101,7 +101,7 @@ def test_no_command_is_a_one_line_usage_error(capsys):
 
 
 def test_a_hostile_argument_is_refused_by_the_parser_before_any_handler_runs(capsys, monkeypatch):
-    monkeypatch.setattr(cli_main.setup, "tenant_add", _must_not_run)
+    monkeypatch.setattr(cli_main.tenants, "tenant_add", _must_not_run)
 
     code, _, err = _run(capsys, "tenant", "add", "\udcff\udcfe bad bytes")
 
