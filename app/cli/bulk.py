@@ -36,7 +36,9 @@ def replace_not_delivered(ctx: Context, args: argparse.Namespace, lock_timeout: 
     cli_lookup.require_grant(views, args.by, tenant)
     request_id = args.request_id or uuid.uuid4()
     originals: dict[UUID, Row] = {}
-    for ended in views.ended_without_file(tenant.id, since=args.since):
+    destination = cli_lookup.destination(views, tenant, args.destination) if args.destination else None
+    for ended in views.ended_without_file(tenant.id, since=args.since,
+                                          destination_id=destination.id if destination else None):
         # A failed replacement is replaced by replacing its original again; each original once.
         originals.setdefault(ended.original_id, {
             "original_job_id": ended.original_id, "failed_job_id": ended.id,
@@ -64,7 +66,9 @@ def cancel_queued(ctx: Context, args: argparse.Namespace, lock_timeout: str) -> 
     tenant = cli_lookup.tenant(views, args.tenant)
     cli_lookup.require_grant(views, args.by, tenant)
     request_id = args.request_id or uuid.uuid4()
-    rows: list[Row] = [{"job_id": job_id} for job_id in views.queued_ids(tenant.id)]
+    destination = cli_lookup.destination(views, tenant, args.destination) if args.destination else None
+    rows: list[Row] = [{"job_id": job_id} for job_id in views.queued_ids(
+        tenant.id, destination_id=destination.id if destination else None)]
     if not args.dry_run:
         for row in rows:
             with ctx.connection() as conn:

@@ -81,6 +81,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
     p.add_argument("--all-queued", action="store_true", help="every Queued export of the tenant")
     p.add_argument("--dry-run", action="store_true", help="with --all-queued: list them, cancel nothing")
+    p.add_argument("--destination", type=name, help="with --all-queued: only those to this destination")
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--request-id", type=uuid_arg, help="the click's id (minted and printed when not given)")
     p.add_argument("--reason", type=text())
@@ -114,6 +115,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--since", type=time_arg, metavar="TIME",
                    help="with --all-not-delivered: ended at or after TIME (ISO 8601, UTC without an offset)")
     p.add_argument("--dry-run", action="store_true", help="with --all-not-delivered: list them, replace nothing")
+    p.add_argument("--destination", type=name, help="with --all-not-delivered: only those to this destination "
+                                                    "(a partner's outage)")
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--reason", required=True, type=text())
     p.add_argument("--overwrite-agreement", type=text(), help="the partner's recorded overwrite agreement")
@@ -239,8 +242,8 @@ def _one_or_all(args: argparse.Namespace, flag: str, all_: bool) -> None:
     """A bulk flag instead of JOB, never both; --dry-run (and --since) only with the flag."""
     if all_ == (args.job is not None):
         raise bad_input(f"name one export (JOB) or {flag}, not both" if all_ else f"name an export (JOB) or {flag}")
-    if not all_ and args.dry_run:
-        raise bad_input(f"--dry-run goes with {flag}")
+    if not all_ and (args.dry_run or args.destination):
+        raise bad_input(f"--{'dry-run' if args.dry_run else 'destination'} goes with {flag}")
 
 
 def cancel(ctx: Context, args: argparse.Namespace) -> int:

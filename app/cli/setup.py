@@ -153,8 +153,7 @@ def operator_revoke(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.connection() as conn:
         revoked = directory.revoke_operator(conn, operator_id=args.operator, tenant_id=tenant.id, revoked_by=by)
     data = {"operator": args.operator, "tenant_id": str(tenant.id), "result": "Revoked" if revoked else "NotGranted",
-            "revoked_by": by, "granted_at": revoked and revoked.granted_at,
-            "reconciliation": revoked and revoked.reconciliation, "revoked_at": revoked and revoked.revoked_at}
+            "revoked_by": by, **(dataclasses.asdict(revoked) if revoked else {})}
     if revoked is None:
         emit(ctx, f"operator {args.operator!r} holds no grant for tenant {tenant.name!r}; nothing changed", data)
     else:
@@ -197,15 +196,15 @@ def contacts_erase(ctx: Context, args: argparse.Namespace) -> int:
         exposure = erasure.exposure(conn, tenant_id=tenant.id) if found.ever_consented else []
         erased = None if args.dry_run or not found.contacts else erasure.erase(
             conn, tenant_id=tenant.id, email=args.email, erased_by=by, reason=args.reason)
-    if not found.contacts:
-        result, head = "NothingToErase", (f"no contact of tenant {tenant.name!r} has that address (erased already, "
-                                          "or never there); nothing changed")
-    elif erased is None:
-        result, head = "DryRun", (f"{found.contacts} contact(s) of tenant {tenant.name!r} would be erased "
-                                  "(dry run: nothing changed)")
-    else:
+    if erased is not None:
         result, head = "Erased", (f"{erased.contacts_erased} contact(s) erased from tenant {tenant.name!r} "
                                   f"(erasure {erased.erasure_id}, by {by!r})")
+    elif args.dry_run and found.contacts:
+        result, head = "DryRun", (f"{found.contacts} contact(s) of tenant {tenant.name!r} would be erased "
+                                  "(dry run: nothing changed)")
+    else:   # none there, or erased by another erasure that committed between the look and the delete
+        result, head = "NothingToErase", (f"no contact of tenant {tenant.name!r} has that address (erased already, "
+                                          "or never there); nothing changed")
     emit(ctx, head + _where_it_went(found, exposure),
          {"tenant_id": str(tenant.id), "result": result, "dry_run": args.dry_run,
           "contacts": erased.contacts_erased if erased else found.contacts,

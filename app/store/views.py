@@ -358,22 +358,28 @@ class Views:
             query = query.where(peewee.Tuple(J.created_at, J.id) < peewee.Tuple(after.created_at, after.id))
         return self._all(JobSummary, query.order_by(J.created_at.desc(), J.id.desc()).limit(limit))
 
-    def queued_ids(self, tenant_id: UUID) -> list[UUID]:
-        """The tenant's Queued exports, oldest first (``ix_export_jobs_tenant_status``)."""
+    def queued_ids(self, tenant_id: UUID, *, destination_id: UUID | None = None) -> list[UUID]:
+        """The tenant's Queued exports, to one destination if given, oldest first
+        (``ix_export_jobs_tenant_status``)."""
         J = models.ExportJob
         query = J.select(J.id).where((J.tenant_id == tenant_id) & (J.status == Status.QUEUED.value))
+        if destination_id is not None:
+            query = query.where(J.destination_id == destination_id)
         return [row.id for row in query.order_by(J.created_at, J.id).bind(self._db)]
 
-    def ended_without_file(self, tenant_id: UUID, *, since: datetime) -> list[EndedWithoutFile]:
+    def ended_without_file(self, tenant_id: UUID, *, since: datetime,
+                           destination_id: UUID | None = None) -> list[EndedWithoutFile]:
         """The tenant's exports that failed without finalizing a file (BuildFailed, AttemptsExhausted,
         NotDelivered: the failures a replacement may follow) and whose last event, their ending or a later
-        correction, is at or after ``since``; in the order they ended."""
+        correction, is at or after ``since``; to one destination, if given; in the order they ended."""
         J, E = models.ExportJob, models.AttemptEvent
         ended = E.select(peewee.fn.MAX(E.recorded_at)).where(E.job_id == J.id)
         query = (J.select(J.id, J.replaces_job_id, J.failure_reason, ended.alias("ended_at"))
                  .where((J.tenant_id == tenant_id) & (J.status == Status.FAILED.value)
                         & J.failure_reason.in_(REPLACEABLE_FAILURES) & (ended >= since))
                  .order_by(ended, J.id))
+        if destination_id is not None:
+            query = query.where(J.destination_id == destination_id)
         return self._all(EndedWithoutFile, query)
 
     def job_position(self, job_id: UUID, *, tenant_id: UUID | None) -> JobPosition | None:

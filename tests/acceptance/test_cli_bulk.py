@@ -95,6 +95,28 @@ def test_cancel_all_queued_cancels_each_queued_export_through_the_cancel_stateme
         (j.id, derived_request_id(request_id, j.id), "tenant offboarded") for j in queued]
 
 
+def test_a_bulk_action_for_one_destination_leaves_the_tenants_other_destinations_alone(
+        exports_cli, seed, admin, initech):
+    tenant_id, partner = initech
+    archive = seed.destination(tenant_id)
+    admin.execute("UPDATE destinations SET name = 'archive' WHERE id = %s", (archive,))
+    states = States(seed)
+    since = _now(admin)
+    failed = {name: states.failed(FailureCode.NOT_DELIVERED, seed.queued(tenant_id, d))
+              for name, d in (("partner", partner), ("archive", archive))}
+    queued = {name: seed.queued(tenant_id, d) for name, d in (("partner", partner), ("archive", archive))}
+
+    canceled = exports_cli("cancel", "--all-queued", "--destination", "partner", "--tenant", "Initech",
+                           "--by", "alice", "--json").json
+    replaced = exports_cli("replace", "--all-not-delivered", "--since", since, "--destination", "partner",
+                           "--tenant", "Initech", "--by", "alice", "--reason", "partner outage", "--json").json
+
+    assert [r["original_job_id"] for r in replaced["results"]] == [str(failed["partner"].id)]
+    assert [r["job_id"] for r in canceled["results"]] == [str(queued["partner"].id)]
+    assert seed.status(queued["archive"]) is Status.QUEUED
+    assert [str(r["replaces_job_id"]) for r in _replacements(admin)] == [str(failed["partner"].id)]
+
+
 def test_a_bulk_cancel_that_meets_a_locked_export_cancels_the_others_and_its_retry_finishes_the_rest(
         exports_cli, seed, admin, initech, connect_as):
     free, locked = seed.queued(*initech), seed.queued(*initech)
@@ -119,6 +141,10 @@ def test_a_bulk_cancel_that_meets_a_locked_export_cancels_the_others_and_its_ret
      "not both"),
     (("cancel", str(uuid.uuid4()), "--dry-run", "--tenant", "Initech", "--by", "alice"), EXIT_BAD_INPUT,
      "--dry-run goes with --all-queued"),
+    (("cancel", str(uuid.uuid4()), "--destination", "partner", "--tenant", "Initech", "--by", "alice"),
+     EXIT_BAD_INPUT, "--destination goes with --all-queued"),
+    (("cancel", "--all-queued", "--destination", "nowhere", "--tenant", "Initech", "--by", "alice"),
+     EXIT_NOT_FOUND, "no destination named 'nowhere'"),
     (("replace", "--all-not-delivered", "--tenant", "Initech", "--by", "alice", "--reason", "r"), EXIT_BAD_INPUT,
      "needs --since"),
     (("replace", "--all-not-delivered", "--since", "soon", "--tenant", "Initech", "--by", "alice", "--reason", "r"),
