@@ -19,7 +19,10 @@ as often as Dramatiq's would (its backoff, up to ``dramatiq_worker_timeout``), s
 delayed messages are handled as before, and
 it fetches anyway every ``IDLE_FETCH_SECONDS``: a wake-up is a hint (a consumer reconnecting misses
 the ones sent meanwhile; Dramatiq's maintenance requeues without one), the message in Redis is the
-record, and each fetch also writes this worker's Dramatiq heartbeat.
+record, and each fetch also writes this worker's Dramatiq heartbeat. That idle fetch also runs
+Dramatiq's maintenance (requeueing what dead workers held, past their 60 s heartbeat timeout), which
+Dramatiq otherwise runs at random on one command in a thousand: with so few commands, an idle
+system would have gone many minutes without it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import compute_backoff
+from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 
 from app.config import BROKER_SCHEMES, ConfigError, Settings
@@ -72,6 +75,8 @@ class _WakingConsumer(_RedisConsumer):
         #: may wait), and after the consumer was full (a message may have arrived meanwhile).
         self._owed = True
         self._last_fetch = clock()
+        #: The next fetch is the idle one, which runs Dramatiq's maintenance too.
+        self._idle_fetch = False
 
     def __next__(self):
         if self.outstanding_message_count >= self.prefetch and not self.message_cache:
@@ -84,7 +89,7 @@ class _WakingConsumer(_RedisConsumer):
         self._last_fetch = self._clock()
         room = self.prefetch - self.outstanding_message_count
         try:
-            self.message_cache = self.broker.do_fetch(self.queue_name, room)
+            self.message_cache = self._fetch(room)
         except redis.ConnectionError as e:
             self._owed = True
             raise ConnectionClosed(e) from None
@@ -98,6 +103,7 @@ class _WakingConsumer(_RedisConsumer):
         """Waits up to the consumer's timeout for a wake-up; True when one came, when the idle fetch is
         due, or when a wake-up may have been missed (just subscribed, or the subscription broke)."""
         if self._clock() - self._last_fetch >= IDLE_FETCH_SECONDS:
+            self._idle_fetch = True
             return True
         try:
             if self._pubsub is None:
@@ -113,6 +119,16 @@ class _WakingConsumer(_RedisConsumer):
             self._close_pubsub()
             time.sleep(self.timeout / 1000)   # polling, at Dramatiq's pace, until the subscription is back
             return True
+
+    def _fetch(self, room: int) -> list[bytes]:
+        idle, self._idle_fetch = self._idle_fetch, False
+        if not idle:
+            return self.broker.do_fetch(self.queue_name, room)
+        # Dramatiq's own fetch (RedisBroker._dispatch's arguments, dramatiq 2.x as pinned), maintenance on.
+        broker = self.broker
+        return broker.scripts["dispatch"](keys=[broker.namespace], args=[
+            "fetch", current_millis(), self.queue_name, broker.broker_id, broker.heartbeat_timeout,
+            broker.dead_message_ttl, 1, broker._max_unpack_size(), room])
 
     def _wake_up(self, pubsub: redis.client.PubSub) -> bool:
         # As long as Dramatiq's consumer would sleep after an empty fetch (its backoff grows from a few

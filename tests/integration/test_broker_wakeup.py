@@ -58,16 +58,34 @@ class Clock:
         return self.now
 
 
+class _CountingScript:
+    """Dramatiq's dispatch script, recording the prefetch asked by each fetch it runs and whether that
+    fetch ran Dramatiq's maintenance."""
+
+    def __init__(self, script) -> None:
+        self._script = script
+        self.fetches: list[int] = []
+        self.maintained: list[bool] = []
+
+    def __call__(self, keys=None, args=None, client=None):
+        if args and args[0] == "fetch":
+            self.fetches.append(int(args[-1]))
+            self.maintained.append(str(args[6]) == "1")
+        return self._script(keys=keys, args=args, client=client)
+
+    def __getattr__(self, name):
+        return getattr(self._script, name)
+
+
+def counting(broker: WakingRedisBroker) -> _CountingScript:
+    counted = _CountingScript(broker.scripts["dispatch"])
+    broker.scripts["dispatch"] = counted
+    return counted
+
+
 def counting_fetches(broker: WakingRedisBroker) -> list[int]:
     """The prefetch asked by each run of Dramatiq's fetch script from now on."""
-    real, fetches = broker.do_fetch, []
-
-    def fetch(queue_name, count):
-        fetches.append(count)
-        return real(queue_name, count)
-
-    broker.do_fetch = fetch   # type: ignore[method-assign]
-    return fetches
+    return counting(broker).fetches
 
 
 def a_message(n: int = 0) -> dramatiq.Message:
@@ -192,3 +210,25 @@ def test_a_fetch_that_did_not_fill_its_room_waits_for_the_next_wake_up_before_fe
 
     assert fetches == [2]   # it asked for two, got one: the queue was empty, nothing more to fetch
     consumer.close()
+
+
+def test_the_idle_fetch_runs_dramatiqs_maintenance_and_takes_back_what_a_dead_worker_held(broker, redis_target):
+    dead = WakingRedisBroker(namespace=broker.namespace, **redis_target)
+    try:
+        sent = broker.enqueue(a_message())
+        assert dead.do_fetch(QUEUE, 1)   # taken, never acknowledged: its worker died
+        broker.heartbeat_timeout = 1   # milliseconds: the dead worker's last heartbeat is older than that
+        broker.maintenance_chance = 0   # none of Dramatiq's random maintenance: only the idle fetch's
+        clock = Clock()
+        consumer = idle_consumer(broker, clock, timeout_ms=1)
+        script = counting(broker)
+        assert next(consumer) is None and script.fetches == []   # woken by nothing, not yet due
+
+        clock.now += IDLE_FETCH_SECONDS
+        received = next(consumer)
+
+        assert received is not None and received.message_id == sent.message_id
+        assert script.maintained == [True]
+        consumer.close()
+    finally:
+        dead.close()
