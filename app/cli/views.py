@@ -81,6 +81,7 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
         "evidence": [{"attempt_id": e.attempt_id, "observed_by": e.observed_by, "detail": e.detail,
                       "recorded_at": e.recorded_at} for e in events if e.kind == "DeliveryEvidence"],
         "outbox": [dataclasses.asdict(o) for o in outbox],
+        "webhooks": [dataclasses.asdict(w) for w in history.webhooks],
     }
     if ctx.json:
         emit(ctx, "", data)
@@ -120,6 +121,11 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
     lines += ["", "outbox:",
               table(["created", "message", "published"],
                     [[o.created_at, o.message_id, o.published_at] for o in outbox]) if outbox else "  (none)"]
+    if history.webhooks:
+        lines += ["", "webhooks (exports webhook show has each one's attempts):",
+                  table(["occurred", "event", "endpoint", "outcome", "state", "attempts", "finished"],
+                        [[w.occurred_at, w.event_id, w.endpoint_name, w.status, w.state, w.attempts, w.finished_at]
+                         for w in history.webhooks])]
     emit(ctx, "\n".join(lines), data)
     return EXIT_OK
 

@@ -137,6 +137,18 @@ class CancellationRequest:
 
 
 @dataclass(frozen=True)
+class JobWebhook:
+    """One outcome of the export told to one of its tenant's webhook endpoints, and how that is going."""
+    event_id: UUID
+    endpoint_name: str
+    status: str
+    state: str
+    attempts: int
+    occurred_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
 class OutboxEntry:
     message_id: UUID
     kind: str
@@ -149,12 +161,14 @@ class OutboxEntry:
 @dataclass(frozen=True)
 class JobHistory:
     """What happened to one export: its destination's name (None once deleted), attempt events in
-    order, cancellation requests and outbox rows in the order they were recorded."""
+    order, cancellation requests, outbox rows and the outcomes told to webhooks in the order they were
+    recorded."""
 
     destination_name: str | None
     events: list[AttemptEvent]
     cancellation_requests: list[CancellationRequest]
     outbox: list[OutboxEntry]
+    webhooks: list[JobWebhook]
 
 
 #: The failures that finalized no file, after which an export may be replaced (export_create_replacement).
@@ -329,7 +343,16 @@ class Views:
                                             .where((C.tenant_id == job.tenant_id) & (C.job_id == job.id))
                                             .order_by(C.recorded_at)),
             outbox=self._all(OutboxEntry, _select(M, OutboxEntry).where(M.job_id == job.id).order_by(M.created_at)),
+            webhooks=self._webhooks(job),
         )
+
+    def _webhooks(self, job: Job) -> list[JobWebhook]:
+        W, E = models.WebhookDelivery, models.WebhookEndpoint
+        return self._all(JobWebhook, W.select(W.id.alias("event_id"), E.name.alias("endpoint_name"), W.status,
+                                              W.state, W.attempts, W.occurred_at, W.finished_at)
+                         .join(E, on=(E.id == W.endpoint_id))
+                         .where((W.tenant_id == job.tenant_id) & (W.job_id == job.id))
+                         .order_by(W.occurred_at, W.id))
 
     def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int,
              destination_id: UUID | None = None, since: datetime | None = None, until: datetime | None = None,

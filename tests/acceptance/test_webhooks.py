@@ -225,3 +225,19 @@ def test_webhook_redeliver_answers_bad_input_and_unknown_webhooks_in_one_line_wr
     one_line_error(bad)
     one_line_error(unknown)
     assert "--since" in bad.stderr
+
+
+def test_exports_show_lists_the_outcomes_told_to_the_tenant_s_webhooks(cli, admin, seed, tenant):
+    add(cli, "https://hooks.acme.example/a")
+    job = seed.finished(Status.COMPLETED, seed.queued(tenant))
+    quiet = seed.finished(Status.COMPLETED, seed.queued(seed.tenant("Globex")))
+
+    shown = cli("show", str(job.id), "--tenant", "Acme", "--json").json
+    text = cli("show", str(job.id), "--tenant", "Acme").stdout
+    other = cli("show", str(quiet.id), "--tenant", "Globex", "--json").json
+
+    (event,) = admin.execute("SELECT id FROM webhook_deliveries").fetchall()
+    assert [(w["event_id"], w["endpoint_name"], w["status"], w["state"], w["attempts"]) for w in shown["webhooks"]] \
+        == [(str(event["id"]), "prod", "Completed", "pending", 0)]
+    assert "webhooks" in text and str(event["id"]) in text
+    assert other["webhooks"] == []
