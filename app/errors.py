@@ -34,6 +34,7 @@ turns each into an exit code::
         InvalidSignature            app/webhooks/signing.py  a webhook request whose signature does not verify
         EvidenceNotAppended         app/actors/runner.py     delivery evidence matched no export row
         CliError                    app/cli/common.py        a command's one-line answer and its exit code
+            UsageError                                       the command line itself is wrong (argparse's errors)
 
 Not in the tree, deliberately: an ``AssertionError`` (``assert_never``) for a state the code makes
 impossible, which is a bug to fix rather than an answer to give; and the ``ValueError`` of a parser of one

@@ -1,5 +1,8 @@
-"""``exports health``: is this deployment doing its job? Usable as a probe: exit 0 only when every check
-passes, and each failed check says why in one line.
+"""``exports health``: is this deployment doing its job? A readiness check of the whole deployment: exit 0
+only when every check passes, and each failed check says why in one line. It is not a liveness probe
+for one process (a dead relay fails every host's check, and restarting the host that asked cures
+nothing): ``exports health --process ROLE`` is that, asking this host's process of that role for its
+own metrics endpoint (``probe_process``), without the database.
 
 It checks what an operator must act on, by its symptoms rather than by process lists alone:
 - the database answers and runs this release's schema;
@@ -16,11 +19,15 @@ It checks what an operator must act on, by its symptoms rather than by process l
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.config import Settings
+from psycopg.conninfo import conninfo_to_dict
+
+from app.config import ConfigError, Settings
 from app.heartbeat import SILENT_INTERVALS
+from app.metrics import parse_address
 from app.store import heartbeat, metrics, migrate
 from app.store.database import connect
 from app.store.types import Role
@@ -33,6 +40,8 @@ RECOVERY_SLACK_SECONDS = 30.0
 ROLES = ("relay", "worker", "scheduler", "notifier")
 #: Late endpoints a failed webhooks check names.
 LATE_NAMED = 3
+#: Seconds a liveness probe waits for a process's metrics endpoint.
+PROBE_TIMEOUT_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,7 @@ def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Ch
     try:
         conn = connect(url, Role.APP, application_name="exports-health")
     except Exception as exc:
-        return [Check("database", False, f"cannot connect: {type(exc).__name__}"), *checks]
+        return [Check("database", False, f"cannot connect: {cause(exc, url)}"), *checks]
     with conn:
         checks.insert(0, Check("database", True, "answers"))
         version = migrate.current_version(conn)
@@ -80,6 +89,39 @@ def run(settings: Settings, url: str, *, require: Iterable[str] = ()) -> list[Ch
         checks.append(Check(f"{role} processes", bool(live[role]),
                             f"{len(live[role])} live (a heartbeat within {silent_limit:.0f} s)"))
     return checks
+
+
+def cause(exc: BaseException, url: str) -> str:
+    """Why a connection failed, in one line: the error's class and its first line (libpq's says which host
+    and port refused, or which login it rejected), with the URL's password cut out should it appear."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    try:
+        password = conninfo_to_dict(url).get("password")
+    except Exception:   # a URL libpq cannot parse says so itself, in the message
+        password = None
+    if password:
+        first = first.replace(str(password), "***")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def probe_process(settings: Settings, role: str, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> Check:
+    """Liveness of this host's process of ``role``: its metrics endpoint (EXPORTS_<ROLE>_METRICS) answers
+    with its build-info metric. A process whose HTTP thread answers may still have a stuck main loop:
+    the readiness checks (relay lag, recovery, heartbeats) see that, deployment-wide."""
+    address = parse_address(getattr(settings, f"{role}_metrics"))
+    if address is None:
+        raise ConfigError(f"EXPORTS_{role.upper()}_METRICS is off: the {role} serves no endpoint to probe")
+    host, port = address
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(where, timeout=timeout) as reply:   # noqa: S310 (our own endpoint)
+            body = reply.read(1 << 20).decode("utf-8", "replace")
+    except Exception as exc:
+        return Check(f"{role} process", False, f"{where} does not answer: {cause(exc, '')}")
+    if "exports_build_info" not in body:
+        return Check(f"{role} process", False, f"{where} answers, but not as an exports {role} (no build info)")
+    return Check(f"{role} process", True, f"{where} answers")
 
 
 def _webhooks(settings: Settings, hooks: metrics.WebhookBacklog, late: list[metrics.LateWebhook]) -> Check:

@@ -27,9 +27,12 @@ SILENT_INTERVALS = 3
 
 
 def identity(role: str) -> ProcessIdentity:
-    """This process: ``host:pid``, the prefix of the ``claimed_by`` of every attempt it claims."""
+    """This process: ``host:pid``, the prefix of the ``claimed_by`` of every attempt it claims. A worker
+    process is one of the children Dramatiq forks; the process a supervisor or an operator signals is its
+    parent, the ``exports worker`` (or ``dramatiq``) command, recorded beside it."""
     host, pid = socket.gethostname(), os.getpid()
-    return ProcessIdentity(f"{host}:{pid}", role, host, pid, __version__, datetime.now(UTC))
+    return ProcessIdentity(f"{host}:{pid}", role, host, pid, __version__, datetime.now(UTC),
+                           os.getppid() if role == "worker" else None)
 
 
 class Heartbeat:

@@ -18,9 +18,12 @@ Every metric is listed, with the alerts built on them, in docs/operations.md; ea
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from app import logs
@@ -39,6 +42,39 @@ def parse_address(address: str) -> tuple[str, int] | None:
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"a metrics address is host:port or off, not {address!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+#: The prefix of an ``exports worker``'s multiprocess metrics directory under the state directory; its pid follows.
+WORKER_METRICS_PREFIX = "worker-metrics-"
+
+
+def worker_metrics_dir(state_dir: Path, pid: int) -> Path:
+    """Where the worker processes of the ``exports worker`` of ``pid`` keep their metrics files."""
+    return state_dir / f"{WORKER_METRICS_PREFIX}{pid}"
+
+
+def remove_worker_metrics_dirs(state_dir: Path, *, keep: int) -> list[Path]:
+    """Removes the metrics directories of the ``exports worker`` processes of this state directory that are
+    gone (a SIGKILL or a crash leaves its own), keeping ``keep``'s (this process) and any whose pid runs;
+    returns those removed. The state directory is one host's, so a pid names a process of this host."""
+    removed = []
+    for path in state_dir.glob(f"{WORKER_METRICS_PREFIX}*"):
+        pid_text = path.name.removeprefix(WORKER_METRICS_PREFIX)
+        if not pid_text.isdigit() or int(pid_text) == keep or not path.is_dir() or _running(int(pid_text)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # EPERM: someone else's process, so running
+        return True
+    return True
 
 
 def serve(address: str, *, extra: Any = None) -> int | None:

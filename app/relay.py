@@ -20,6 +20,7 @@ drains in batches until a batch comes back short.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -35,12 +36,12 @@ from dramatiq.common import current_millis
 from redis.exceptions import NoScriptError
 
 from app import logs, metrics
-from app.broker import build_broker
+from app.broker import build_broker, wake_channel
 from app.config import ConfigError, Settings
 from app.heartbeat import Heartbeat
 from app.store import connector, errors
 from app.store.database import Database, connect
-from app.store.relay import OutboxMessage, claim_batch, mark_published, seconds_until_next_due
+from app.store.relay import OutboxMessage, claim_batch, mark_published
 from app.store.types import Role
 
 if TYPE_CHECKING:
@@ -65,16 +66,21 @@ FAILURE_BACKOFF_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class RelayPass:
-    """What one pass did: rows locked, rows enqueued and marked, and whether the broker refused one."""
+    """What one pass did: rows locked, rows enqueued and marked, and whether the broker refused one; and
+    the seconds until the next row it left falls due (None: none waits)."""
 
     claimed: int
     published: int
     broker_failed: bool
+    #: The most rows the pass could take.
+    batch_size: int
+    next_due_seconds: float | None = None
 
     @property
     def drained(self) -> bool:
-        """True when another pass right now would find nothing this one could have taken."""
-        return self.broker_failed or self.published < self.claimed or self.claimed == 0
+        """True when another pass right now would find nothing this one could have taken: a short batch
+        took every due row it could lock (a row committed since wakes the relay by its notification)."""
+        return self.broker_failed or self.published < self.claimed or self.claimed < self.batch_size
 
 
 def _age_seconds(due: datetime) -> float:
@@ -147,16 +153,20 @@ def _pipelined(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> lis
 
 
 def _dispatch(broker: RedisBroker, messages: Sequence[dramatiq.Message]) -> list[Any]:
-    """One pipeline of EVALSHA of dramatiq's dispatch script, one per message; the replies, errors
-    included. By its hash, not through redis-py's Script on the pipeline: that runs SCRIPT EXISTS
-    before every pipeline, a round trip per batch for what the replies say anyway (NOSCRIPT)."""
+    """One pipeline of EVALSHA of dramatiq's dispatch script, one per message, then one wake-up per
+    queue for its idle consumers (``app.broker.wake_channel``); the scripts' replies, errors included.
+    By its hash, not through redis-py's Script on the pipeline: that runs SCRIPT EXISTS before every
+    pipeline, a round trip per batch for what the replies say anyway (NOSCRIPT)."""
     sha = broker.scripts["dispatch"].sha
     with broker.client.pipeline(transaction=False) as pipe:
         for message in messages:
             pipe.evalsha(sha, 1, broker.namespace, "enqueue", current_millis(), message.queue_name, broker.broker_id,
                          broker.heartbeat_timeout, broker.dead_message_ttl, broker._should_do_maintenance("enqueue"),
                          broker._max_unpack_size(), message.options["redis_message_id"], message.encode())
-        return pipe.execute(raise_on_error=False)
+        # After the scripts, in the same round trip: a consumer woken by it finds the messages there.
+        for queue_name in dict.fromkeys(m.queue_name for m in messages):
+            pipe.publish(wake_channel(broker.namespace, queue_name), b"")
+        return pipe.execute(raise_on_error=False)[:len(messages)]
 
 
 class Relay:
@@ -183,7 +193,8 @@ class Relay:
 
     def _pass(self) -> RelayPass:
         with self.db.connection() as conn, conn.transaction():
-            rows = claim_batch(conn, batch_size=self.settings.relay_batch_size)
+            batch = claim_batch(conn, batch_size=self.settings.relay_batch_size)
+            rows = batch.rows
             metrics.relay().lag.set(_age_seconds(rows[0].due) if rows else 0.0)
             published, broker_failed = self._publish(rows)
             if published:
@@ -194,7 +205,10 @@ class Relay:
                     raise errors.ChangedUnderLock(
                         f"marked {marked} of {len(published)} outbox rows this relay holds locked")
         metrics.relay().published.inc(len(published))
-        return RelayPass(claimed=len(rows), published=len(published), broker_failed=broker_failed)
+        # Rows the broker refused are due again at once, as they were before this pass took them.
+        next_due = 0.0 if broker_failed else batch.next_due_seconds
+        return RelayPass(claimed=len(rows), published=len(published), broker_failed=broker_failed,
+                         next_due_seconds=next_due, batch_size=self.settings.relay_batch_size)
 
     def _publish(self, rows: list[OutboxMessage]) -> tuple[list[UUID], bool]:
         """Enqueues the batch (one round trip on Redis); returns the rows the broker took, and whether it
@@ -228,6 +242,10 @@ class Relay:
 
     def drain(self) -> int:
         """Passes until a batch comes back short (or the broker refuses); returns messages published."""
+        return self._drain().published
+
+    def _drain(self) -> RelayPass:
+        """The passes of a drain, summed; the next due row as the last pass saw it."""
         total = 0
         while True:
             result = self._pass()
@@ -236,7 +254,7 @@ class Relay:
                 break
         if total:
             log.debug("relay.published", count=total)
-        return total
+        return dataclasses.replace(result, published=total)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -250,12 +268,12 @@ class Relay:
                     listener = self._listen(listener)
                 # Subscribed before draining, so a row committed during the drain still wakes us.
                 try:
-                    self.drain()
+                    drained = self._drain()
                 except Exception as exc:
                     log.warning("relay.pass_failed", error=type(exc).__name__)
                     stop_event.wait(FAILURE_BACKOFF_SECONDS)
                     continue
-                self._wait(listener, stop_event)
+                self._wait(listener, stop_event, drained.next_due_seconds)
         finally:
             self.listening.clear()
             if listener is not None:
@@ -275,19 +293,9 @@ class Relay:
         self.listening.set()
         return conn
 
-    def _next_due(self) -> float | None:
-        """Seconds until the next unpublished row falls due; None when none waits or the database does
-        not answer (the poll interval covers that)."""
-        try:
-            with self.db.connection() as conn:
-                return seconds_until_next_due(conn)
-        except Exception as exc:
-            log.warning("relay.next_due_failed", error=type(exc).__name__)
-            return None
-
-    def _wait(self, listener: psycopg.Connection | None, stop_event: threading.Event) -> None:
+    def _wait(self, listener: psycopg.Connection | None, stop_event: threading.Event,
+              next_due: float | None) -> None:
         wait = self.settings.relay_poll_seconds
-        next_due = self._next_due()
         if next_due is not None:
             # A floor, so a due row another relay holds locked does not make this one spin.
             wait = min(wait, max(next_due, DUE_WAIT_FLOOR_SECONDS))

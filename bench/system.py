@@ -23,6 +23,7 @@ from pathlib import Path
 import redis
 
 from app.config import Settings
+from app.delivery.profile import DEFAULT_PROFILE
 from app.store import directory
 from app.store.database import connect
 from app.store.types import Role
@@ -109,7 +110,7 @@ def add_destination(url: str, access: PartnerAccess, tenant: uuid.UUID) -> uuid.
         directory.add_destination(conn, destination_id=destination, destination=directory.NewDestination(
             tenant_id=tenant, name=f"partner-{destination.hex[:6]}", host=access.host, port=access.port,
             username=access.username, remote_dir=access.remote_dir, host_key=access.host_key,
-            credential_ref=access.credential_ref))
+            credential_ref=access.credential_ref, profile=DEFAULT_PROFILE.to_json(), created_by="bench"))
     return destination
 
 

@@ -34,6 +34,10 @@ CHANNEL = "exports_stop"
 TICK_SECONDS = 0.1
 #: Seconds between attempts to reconnect after the watcher's connection failed.
 RECONNECT_SECONDS = 1.0
+#: Seconds a notification for a job nobody watches yet is remembered: a stop recorded between a claim's
+#: commit and its watch's registration notifies before there is anyone to tell. Past this, the poll
+#: finds it (a registration that late is a paused worker, which cutoff 2 fences anyway).
+NOTIFIED_MEMORY_SECONDS = 60.0
 APPLICATION_NAME = "exports-watcher"
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class StopWatcher:
         self._lock = threading.Lock()
         self._watched: dict[UUID, _Watched] = {}
         self._unchecked: set[UUID] = set()
+        #: Jobs notified while not watched, and when (the watcher's thread only).
+        self._notified: dict[UUID, float] = {}
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         #: How each confirmed stop was found, for tests and the latency bench. Counted before the
@@ -80,12 +86,17 @@ class StopWatcher:
         self.confirmed_by_poll = 0
         #: Completed polls of every watched attempt; one after a registration means it was checked.
         self.polls = 0
+        #: Rounds of the loop begun: one begun means every earlier round ended (for tests).
+        self.ticks = 0
 
     # --- registration -----------------------------------------------------------------------------
 
     def watch(self, job_id: UUID, attempt_id: UUID, stop: StopSignal) -> Watch:
-        """Watches one attempt. The row is checked at once too: a request recorded before the
-        registration sent its notification to nobody."""
+        """Watches one attempt. The row is checked at once too if the registration may have missed a
+        request's notification: when the watcher does not listen, when it is (re)connecting (then it
+        polls every watched attempt), or when the job was notified before it was watched. Otherwise
+        a registration costs no query: a stop request is recorded only once the job is Running, that is
+        after the claim, and the listener heard every notification since."""
         with self._lock:
             self._watched[job_id] = _Watched(attempt_id, stop, logs.current())
             self._unchecked.add(job_id)
@@ -114,6 +125,7 @@ class StopWatcher:
         conn: psycopg.Connection | None = None
         next_poll = 0.0
         while not self._closed.is_set():
+            self.ticks += 1
             try:
                 if conn is None or conn.closed:
                     conn = self._connect()
@@ -127,11 +139,15 @@ class StopWatcher:
                             notified.add(UUID(notify.payload))
                         except ValueError:
                             log.warning("watcher.bad_payload")
+                    self._remember(notified)
                 else:
                     self._closed.wait(TICK_SECONDS)
                 with self._lock:
                     if not self._watched:
-                        next_poll = 0.0
+                        if next_poll:
+                            # The poll's clock runs while something is watched: a watch after a quiet
+                            # spell costs no poll of its own (its registration is checked as it needs).
+                            next_poll = max(next_poll, time.monotonic() + self.poll_seconds)
                         continue
                     fresh, self._unchecked = self._unchecked, set()
                 if notified:
@@ -140,8 +156,10 @@ class StopWatcher:
                     next_poll = time.monotonic() + self.poll_seconds
                     self._confirm(conn, None, by_notify=False)
                     self.polls += 1
-                elif fresh - notified:
-                    self._confirm(conn, fresh - notified, by_notify=False)
+                else:
+                    missed = (fresh if not self.listen else fresh & self._notified.keys()) - notified
+                    if missed:
+                        self._confirm(conn, missed, by_notify=False)
             except Exception as exc:
                 log.warning("watcher.connection_failed", error=type(exc).__name__)
                 if conn is not None:
@@ -153,6 +171,17 @@ class StopWatcher:
                 self._closed.wait(RECONNECT_SECONDS)
         if conn is not None:
             conn.close()
+
+    def _remember(self, notified: set[UUID]) -> None:
+        now = time.monotonic()
+        for job_id in notified:
+            self._notified.pop(job_id, None)
+            self._notified[job_id] = now   # kept in the order heard, so the oldest are first
+        while self._notified:
+            job_id, heard = next(iter(self._notified.items()))
+            if heard >= now - NOTIFIED_MEMORY_SECONDS:
+                break
+            del self._notified[job_id]
 
     def _count_notify(self) -> None:
         self.confirmed_by_notify += 1

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import NamedTuple
 from uuid import UUID
 
@@ -23,7 +24,7 @@ from app.store.database import connect
 from app.store.types import Role, Status
 from app.store.views import Views
 
-#: Done, including every recorded cancellation outcome (TooLate and AlreadyEnded are answers, not errors).
+#: Done (for cancel, every recorded cancellation outcome: TooLate and AlreadyEnded are answers, not errors).
 EXIT_OK = 0
 #: Something unexpected (the database unreachable, a bug); the one-line message says what.
 EXIT_FAILURE = 1
@@ -34,8 +35,11 @@ EXIT_NOT_FOUND = 3
 #: Refused or conflict: not granted for the tenant, NotChanged, RequestIdReused, replacement not
 #: allowed or its slot taken, a reconciliation or correction that matched nothing.
 EXIT_REFUSED = 4
-#: Unreachable (sysexits' EX_UNAVAILABLE): a partner's server could not be reached to check a credential.
-EXIT_UNREACHABLE = 69
+#: Unavailable (sysexits' EX_UNAVAILABLE), one code for two answers that mean the same to a script, "what
+#: this depends on is not there": a partner's server could not be reached to check a credential
+#: (EXIT_UNREACHABLE), or a health check failed (EXIT_UNHEALTHY, so a probe tells "the deployment is not
+#: doing its job" from "the check itself crashed", 1).
+EXIT_UNREACHABLE = EXIT_UNHEALTHY = 69
 #: Busy: the job's row was locked past the lock timeout; nothing was recorded. Retry with the same request id.
 EXIT_BUSY = 75
 #: Login refused (sysexits' EX_NOPERM): a partner's server refused the credential or presented a key not pinned.
@@ -43,16 +47,19 @@ EXIT_LOGIN_REFUSED = 77
 
 #: What each exit code means, as ``exports --help`` lists them all and each command's ``--help`` its own.
 EXIT_MEANINGS = {
-    EXIT_OK: "done (every recorded cancellation outcome included)",
+    EXIT_OK: "done",
     EXIT_FAILURE: "unexpected failure (database unreachable, ...)",
     EXIT_BAD_INPUT: "bad input (malformed id, unknown status, hostile or oversized text, a bad EXPORTS_* setting)",
     EXIT_NOT_FOUND: "not found (another tenant's job looks exactly like a missing one)",
     EXIT_REFUSED: "refused or conflict (operator not granted for the tenant, NotChanged, RequestIdReused, "
                   "replacement not allowed or slot taken)",
-    EXIT_UNREACHABLE: "unreachable: a partner's server could not be reached to check a credential",
+    EXIT_UNREACHABLE: "unavailable: a partner's server could not be reached to check a credential, or (exports "
+                      "health) a health check failed, each failed one saying why",
     EXIT_BUSY: "busy: nothing recorded; retry with the same --request-id",
     EXIT_LOGIN_REFUSED: "login refused: a partner's server refused the credential or presented a host key not pinned",
 }
+#: What done means for cancel, whose every recorded outcome is an answer rather than an error.
+CANCEL_DONE = "done (every recorded cancellation outcome included: TooLate and AlreadyEnded are answers)"
 #: The codes every command can end with: done, a surprise, and bad input (a usage error, which argparse
 #: refuses before the handler runs, or an EXPORTS_* setting we cannot use).
 EVERY_COMMAND = (EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT)
@@ -137,8 +144,8 @@ def exit_codes_help(meanings: Mapping[int, str]) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2, never the usage block. A
-    command's parser knows the exit codes its ``--help`` lists (``command``)."""
+    """argparse, but a usage error is a ``UsageError`` (one line on stderr and exit code 2, never the usage
+    block). A command's parser knows the exit codes its ``--help`` lists (``command``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -146,7 +153,17 @@ class Parser(argparse.ArgumentParser):
         self.exits: dict[int, str] = {}
 
     def error(self, message: str) -> None:   # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {printable(message)}\n")
+        # Raised rather than printed, so main answers it like any other bad input: one line, or with
+        # --json on the command line one JSON document.
+        raise UsageError(f"{self.prog}: error: {printable(message)}")
+
+
+class UsageError(CliError):
+    """Raised when the command line itself is wrong (argparse's usage errors): bad input, said in one line
+    that names the command, before any handler runs."""
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_BAD_INPUT, message)
 
 
 def printable(text: str, limit: int = 300) -> str:
@@ -223,6 +240,18 @@ def positive_int(maximum: int):
 
     parse.__name__ = "number"
     return parse
+
+
+def time_arg(value: str) -> datetime:
+    """An ISO 8601 time (``2026-12-01``, ``2026-12-01T08:00``, ``...+01:00``, ``...Z``); without an offset, UTC."""
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {printable(value, 60)!r}") from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+time_arg.__name__ = "time"
 
 
 def seconds_arg(value: str) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from app.cli.common import EXIT_OK, Context, bad_input, refused
+from app.cli.common import EXIT_OK, Context, bad_input, positive_int, refused
 from app.cli.output import emit, table
 from app.delivery import preflight
 from app.delivery.config import MIN_BANDWIDTH_LIMIT
@@ -44,6 +44,10 @@ def add(p: argparse.ArgumentParser, *, editing: bool) -> None:
                          help=f"the partner's limit on our uploads: bytes per second, at least {MIN_BANDWIDTH_LIMIT} "
                               "(k, M, G for thousands; KiB, MiB, GiB for 1024s)" + (", or off" if editing else "")
                               + (keep or " (default: none)"))
+    if editing:   # destination add has its own --max-sessions
+        options.add_argument("--max-sessions", type=positive_int(64), metavar="N",
+                             help="sessions the partner accepts at once, over every worker host (`destination check` "
+                                  "counts them)" + keep)
 
 
 def for_new(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
@@ -61,10 +65,11 @@ def changes(args: argparse.Namespace, row: dict[str, Any], profile: Profile) -> 
     _needs_marker(mode, profile)
     new_mode = args.delivery_mode if args.delivery_mode not in (None, current) else None
     set_limit = args.bandwidth_limit is not None and (args.bandwidth_limit or None) != row["bandwidth_limit"]
-    if new_mode is None and not set_limit:
+    sessions = args.max_sessions if args.max_sessions not in (None, row["max_sessions"]) else None
+    if new_mode is None and not set_limit and sessions is None:
         return None
     return {"delivery_mode": None if new_mode is None else new_mode.value, "set_limit": set_limit,
-            "bandwidth_limit": args.bandwidth_limit or None}
+            "bandwidth_limit": args.bandwidth_limit or None, "max_sessions": sessions}
 
 
 def described(delivery_mode: str, bandwidth_limit: int | None) -> list[str]:

@@ -329,6 +329,8 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
     assert settings is not None
     shown = delivery_options.described(settings["delivery_mode"], settings["bandwidth_limit"])
     lines = [*after.describe(), *shown]
+    if delivery is not None and delivery["max_sessions"] is not None:
+        lines.append(f"sessions at once: {settings['max_sessions']} (was {row['max_sessions']})")
     if credential_ref is not None:
         lines.append(f"credential {parse_credential_ref(credential_ref).shown} "
                      + (f"({checked})" if checked else "(not checked: --no-check)"))
@@ -339,7 +341,8 @@ def destination_edit(ctx: Context, args: argparse.Namespace) -> int:
               + "\n".join(f"  {line}" for line in lines),
          {"destination_id": str(found.id), "profile_version": version, "previous_version": current.version,
           "changed": True, "profile": after.to_json(), "delivery_mode": settings["delivery_mode"],
-          "bandwidth_limit": settings["bandwidth_limit"], "credential_changed": credential_ref is not None,
+          "bandwidth_limit": settings["bandwidth_limit"], "max_sessions": settings["max_sessions"],
+          "credential_changed": credential_ref is not None,
           "credential_checked": checked is not None, "contract": contract})
     return EXIT_OK
 

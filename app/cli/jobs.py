@@ -8,8 +8,10 @@ import argparse
 import uuid
 from typing import assert_never
 
+from app.cli import bulk
 from app.cli import lookup as cli_lookup
 from app.cli.common import (
+    CANCEL_DONE,
     EXIT_BUSY,
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
@@ -17,6 +19,7 @@ from app.cli.common import (
     EXIT_REFUSED,
     CliError,
     Context,
+    Exit,
     bad_input,
     busy,
     command,
@@ -28,6 +31,7 @@ from app.cli.common import (
     seconds_arg,
     status_arg,
     text,
+    time_arg,
     uuid_arg,
 )
 from app.cli.output import emit
@@ -65,11 +69,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     _request_options(p, "the submission's id (minted and printed when not given)")
     p.set_defaults(handler=create)
 
-    p = job_command(commands, "cancel", "cancel an export, or request that it stop",
-                    "Record a cancellation request. Queued: canceled. Being built: stop requested. Delivery "
-                    "authorized: too late (recorded, not obeyed). Every recorded outcome exits 0. The request id is "
-                    "printed; after a busy answer (75) retry with the same --request-id.",
-                    exits=(EXIT_REFUSED, EXIT_BUSY))
+    p = command(commands, "cancel", help_="cancel an export, or request that it stop (or a tenant's whole queue)",
+                description="Record a cancellation request. Queued: canceled. Being built: stop requested. Delivery "
+                            "authorized: too late (recorded, not obeyed). Every recorded outcome exits 0. The request "
+                            "id is printed; after a busy answer (75) retry with the same --request-id. --all-queued "
+                            "instead cancels every Queued export of the tenant, each through the same statement under "
+                            "a request id derived from --request-id and the export (a retry replays each), printing "
+                            "each export's outcome and a summary; --dry-run lists them and writes nothing.",
+                exits=(Exit(EXIT_OK, CANCEL_DONE), EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_BUSY, EXIT_FAILURE))
+    p.add_argument("job", nargs="?", type=uuid_arg, metavar="JOB", help="the export's id (or --all-queued)")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--all-queued", action="store_true", help="every Queued export of the tenant")
+    p.add_argument("--dry-run", action="store_true", help="with --all-queued: list them, cancel nothing")
+    p.add_argument("--destination", type=name, help="with --all-queued: only those to this destination")
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--request-id", type=uuid_arg, help="the click's id (minted and printed when not given)")
     p.add_argument("--reason", type=text())
@@ -85,11 +97,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.set_defaults(handler=edit)
 
-    p = job_command(commands, "replace", "queue a replacement delivery for an export",
-                    "Queue a replacement of an export that ended OutcomeUnknown or failed without finalizing a file. "
-                    "Naming a replacement means its original. Submitted again with the same --request-id, it "
-                    "answers the replacement already created (the first reason stands).",
-                    exits=(EXIT_REFUSED, EXIT_BUSY))
+    p = command(commands, "replace", help_="queue a replacement delivery for an export (or for every one not "
+                                           "delivered since a time)",
+                description="Queue a replacement of an export that ended OutcomeUnknown or failed without finalizing "
+                            "a file. Naming a replacement means its original. Submitted again with the same "
+                            "--request-id, it answers the replacement already created (the first reason stands). "
+                            "--all-not-delivered --since TIME instead replaces every export of the tenant that failed "
+                            "without finalizing a file (BuildFailed, AttemptsExhausted, NotDelivered) and ended at or "
+                            "after TIME, each original once, under a request id derived from --request-id and the "
+                            "original (a retry replays each), printing each answer and a summary; --dry-run lists "
+                            "them and writes nothing.",
+                exits=(EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_BUSY, EXIT_FAILURE))
+    p.add_argument("job", nargs="?", type=uuid_arg, metavar="JOB", help="the export's id (or --all-not-delivered)")
+    p.add_argument("--tenant", required=True, type=name, help="tenant id or exact name")
+    p.add_argument("--all-not-delivered", action="store_true",
+                   help="every export of the tenant that ended without a file since --since")
+    p.add_argument("--since", type=time_arg, metavar="TIME",
+                   help="with --all-not-delivered: ended at or after TIME (ISO 8601, UTC without an offset)")
+    p.add_argument("--dry-run", action="store_true", help="with --all-not-delivered: list them, replace nothing")
+    p.add_argument("--destination", type=name, help="with --all-not-delivered: only those to this destination "
+                                                    "(a partner's outage)")
     p.add_argument("--by", required=True, type=name, help="the operator")
     p.add_argument("--reason", required=True, type=text())
     p.add_argument("--overwrite-agreement", type=text(), help="the partner's recorded overwrite agreement")
@@ -211,7 +238,18 @@ def _refuse_unless_created(answer: creation.CreateAnswer, where: str) -> None:
     assert_never(reply)
 
 
+def _one_or_all(args: argparse.Namespace, flag: str, all_: bool) -> None:
+    """A bulk flag instead of JOB, never both; --dry-run (and --since) only with the flag."""
+    if all_ == (args.job is not None):
+        raise bad_input(f"name one export (JOB) or {flag}, not both" if all_ else f"name an export (JOB) or {flag}")
+    if not all_ and (args.dry_run or args.destination):
+        raise bad_input(f"--{'dry-run' if args.dry_run else 'destination'} goes with {flag}")
+
+
 def cancel(ctx: Context, args: argparse.Namespace) -> int:
+    _one_or_all(args, "--all-queued", args.all_queued)
+    if args.all_queued:
+        return bulk.cancel_queued(ctx, args, _lock_timeout(args.lock_timeout))
     views = ctx.views()
     tenant = cli_lookup.tenant(views, args.tenant)
     cli_lookup.require_grant(views, args.by, tenant)
@@ -267,6 +305,11 @@ def edit(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def replace(ctx: Context, args: argparse.Namespace) -> int:
+    _one_or_all(args, "--all-not-delivered", args.all_not_delivered)
+    if args.all_not_delivered != (args.since is not None):
+        raise bad_input("--all-not-delivered needs --since TIME, and --since goes only with it")
+    if args.all_not_delivered:
+        return bulk.replace_not_delivered(ctx, args, _lock_timeout(args.lock_timeout))
     views = ctx.views()
     tenant = cli_lookup.tenant(views, args.tenant)
     cli_lookup.require_grant(views, args.by, tenant)

@@ -32,12 +32,13 @@ from app.cli.common import (
     CliError,
     Context,
     Parser,
+    UsageError,
     command,
     exit_code,
     exit_codes_help,
     printable,
 )
-from app.cli.output import error
+from app.cli.output import error, usage
 from app.config import Settings
 
 log = logs.get(__name__)
@@ -86,10 +87,16 @@ def _register_plugin(commands: argparse._SubParsersAction, plugin: EntryPoint) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if rest and not getattr(args, "forwards_unknown", False):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        args, rest = parser.parse_known_args(argv)
+        if rest and not getattr(args, "forwards_unknown", False):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    except UsageError as exc:
+        # No handler, so no parsed --json: a script that asked for JSON on the command line gets it here too.
+        usage(exc, json="--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv)
+        return exc.code
     args.forwarded = rest
     try:
         settings = Settings.from_env()

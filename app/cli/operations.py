@@ -1,5 +1,5 @@
-"""Running it: ``exports health`` (a probe), ``exports processes`` (who is alive, holding what), and
-``exports outbox archive`` (retention). Their parsers and handlers."""
+"""Running it: ``exports health`` (readiness; ``--process``: liveness), ``exports processes`` (who is
+alive, holding what), and ``exports outbox archive`` (retention). Their parsers and handlers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from app import health as health_checks
-from app.cli.common import EXIT_FAILURE, EXIT_OK, Context, Exit, command, group, text
+from app.cli.common import EXIT_OK, EXIT_UNHEALTHY, Context, Exit, command, group, text
 from app.cli.output import emit, table
 from app.heartbeat import SILENT_INTERVALS
 from app.store import heartbeat, retention
@@ -17,17 +17,28 @@ DEFAULT_RETENTION_DAYS = 30.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = command(commands, "health", help_="check the database, schema, broker, relay lag and recovery (a probe)",
-                description="Check that the deployment is doing its job; exit 0 only when every check passes, and "
-                            "say why each failed one failed. Usable as a liveness or readiness probe.",
-                exits=(Exit(EXIT_FAILURE, "unhealthy: a check failed (each failed one says why), or a surprise"),))
-    p.add_argument("--require", type=_roles, default=(), metavar="ROLES",
-                   help=f"also require a live process of each role (comma separated: {', '.join(health_checks.ROLES)})")
+    p = command(commands, "health", help_="is the deployment doing its job? (a readiness check; --process: liveness)",
+                description="Check that the whole deployment is doing its job (database, schema, broker, relay lag, "
+                            "recovery, queue, webhooks): exit 0 only when every check passes, 69 when one fails, "
+                            "saying why. It is a readiness check of the deployment, the same answer on every host, "
+                            "not a liveness probe: a supervisor restarting the process that asked would cure "
+                            "nothing. For liveness, --process ROLE asks this host's process of that role for its "
+                            "own metrics endpoint, without the database.",
+                exits=(Exit(EXIT_UNHEALTHY, "unhealthy: a check failed (each failed one says why)"),))
+    checks = p.add_mutually_exclusive_group()
+    checks.add_argument("--require", type=_roles, default=(), metavar="ROLES",
+                        help="also require a live process (a recent heartbeat) of each role (comma separated: "
+                             f"{', '.join(health_checks.ROLES)})")
+    checks.add_argument("--process", choices=health_checks.ROLES, metavar="ROLE",
+                        help="liveness of this host's process of ROLE only: its metrics endpoint "
+                             "(EXPORTS_<ROLE>_METRICS) answers")
     p.set_defaults(handler=health)
 
     p = command(commands, "processes", help_="relays, workers and schedulers: alive, stopped or silent",
                 description="List the processes that recorded heartbeats, with host, pid, role and state, and for "
-                            "a worker the attempts it holds now (each attempt's claimed_by names its process).")
+                            "a worker the attempts it holds now (each attempt's claimed_by names its process). "
+                            "'signal pid' is the one to stop it by: a worker process's exports worker, which "
+                            "drains all its worker processes; the process itself for the others.")
     p.set_defaults(handler=processes)
 
     outbox = group(commands, "outbox", "the outbox's retention")
@@ -67,11 +78,14 @@ _days.__name__ = "days"
 
 
 def health(ctx: Context, args: argparse.Namespace) -> int:
-    checks = health_checks.run(ctx.settings, ctx.database_url(), require=args.require)
+    if args.process:
+        checks = [health_checks.probe_process(ctx.settings, args.process)]
+    else:
+        checks = health_checks.run(ctx.settings, ctx.database_url(), require=args.require)
     healthy = all(c.ok for c in checks)
     emit(ctx, "\n".join(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks),
          {"healthy": healthy, "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]})
-    return EXIT_OK if healthy else EXIT_FAILURE
+    return EXIT_OK if healthy else EXIT_UNHEALTHY
 
 
 def processes(ctx: Context, args: argparse.Namespace) -> int:
@@ -84,15 +98,22 @@ def processes(ctx: Context, args: argparse.Namespace) -> int:
             return "stopped"
         return "alive" if record.silent_seconds <= silent_limit else "silent"
 
-    rows = [[r.identity.role, r.identity.host, r.identity.pid, state(r), r.identity.version, r.identity.started_at,
-             r.beat_at, " ".join(str(a) for a in r.attempts)] for r in records]
-    emit(ctx, table(["role", "host", "pid", "state", "version", "started", "last beat", "attempts held"], rows)
+    rows = [[r.identity.role, r.identity.host, r.identity.pid, _signal_pid(r), state(r), r.identity.version,
+             r.identity.started_at, r.beat_at, " ".join(str(a) for a in r.attempts)] for r in records]
+    emit(ctx, table(["role", "host", "pid", "signal pid", "state", "version", "started", "last beat",
+                     "attempts held"], rows)
          if rows else "no process has recorded a heartbeat",
          [{"process_id": r.identity.process_id, "role": r.identity.role, "host": r.identity.host,
-           "pid": r.identity.pid, "state": state(r), "version": r.identity.version,
+           "pid": r.identity.pid, "signal_pid": _signal_pid(r), "state": state(r), "version": r.identity.version,
            "started_at": r.identity.started_at, "beat_at": r.beat_at, "stopped_at": r.stopped_at,
            "attempts": [str(a) for a in r.attempts]} for r in records])
     return EXIT_OK
+
+
+def _signal_pid(record: heartbeat.ProcessRecord) -> int:
+    """The pid to send SIGTERM to: a worker process's parent (its exports worker, which drains them all),
+    else the process itself."""
+    return record.identity.parent_pid or record.identity.pid
 
 
 def outbox_archive(ctx: Context, args: argparse.Namespace) -> int:

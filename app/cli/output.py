@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
-from app.cli.common import Context, printable
+from app.cli.common import Context, UsageError, printable
 
 
 def _default(value: Any) -> Any:
@@ -58,3 +58,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     return "\n".join(lines)
+
+
+def usage(exc: UsageError, *, json: bool) -> None:
+    """A usage error, before any handler ran: argparse's one line as it says it, or one JSON object."""
+    if json:
+        sys.stderr.write(to_json({"error": exc.message, "exit_code": exc.code}) + "\n")
+    else:
+        sys.stderr.write(exc.message + "\n")
+    sys.stderr.flush()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import threading
 
@@ -131,7 +132,10 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
     if address is not None:
         # Dramatiq's Prometheus middleware reads these when it is imported, in each worker process.
         os.environ["dramatiq_prom_host"], os.environ["dramatiq_prom_port"] = address[0], str(address[1])
-        os.environ["dramatiq_prom_db"] = str(ctx.settings.state_dir / f"worker-metrics-{os.getpid()}")
+        metrics_dir = metrics.worker_metrics_dir(ctx.settings.state_dir, os.getpid())
+        os.environ["dramatiq_prom_db"] = str(metrics_dir)
+        for gone in metrics.remove_worker_metrics_dirs(ctx.settings.state_dir, keep=os.getpid()):
+            log.info("worker.metrics_dir_removed", path=str(gone), why="its exports worker is gone")
     argv = ["app.worker", "--processes", str(args.processes), "--threads", str(args.threads),
             "--worker-shutdown-timeout", str(round(ctx.settings.worker_stop_seconds * 1000)), *args.forwarded]
     # In the process's own log format, so a JSON log stays JSON from its first line.
@@ -139,4 +143,9 @@ def worker(ctx: Context, args: argparse.Namespace) -> int:
              stop="SIGTERM or SIGINT, once or more, to this pid or the group, stops it gracefully",
              stop_seconds=ctx.settings.worker_stop_seconds,
              ends_within_seconds=ctx.settings.worker_stop_seconds + DEADLINE_GRACE_SECONDS)
-    return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))
+    try:
+        return dramatiq.cli.main(dramatiq.cli.make_argument_parser().parse_args(argv))
+    finally:
+        if address is not None:
+            # Its worker processes have ended, and with them every reader and writer of the files.
+            shutil.rmtree(metrics_dir, ignore_errors=True)

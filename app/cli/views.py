@@ -15,13 +15,17 @@ from app.cli.common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     Context,
+    bad_input,
     command,
     job_command,
     name,
+    not_found,
     positive_int,
     printable,
     seconds_arg,
     status_arg,
+    time_arg,
+    uuid_arg,
 )
 from app.cli.output import emit, table
 from app.store.types import Status
@@ -37,11 +41,18 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "Show one export: its row, attempt events, cancellation requests, delivery evidence and outbox.")
     p.set_defaults(handler=show)
 
-    p = command(commands, "list", help_="list exports", description="List exports, newest first.",
-                exits=(EXIT_NOT_FOUND,))
+    p = command(commands, "list", help_="list exports (by tenant, destination, status, time; a page at a time)",
+                description="List exports, newest first, --limit at a time. A full page ends with the cursor of "
+                            "the next: --after the last export listed (jobs created meanwhile never shift a page). "
+                            "Times are ISO 8601, UTC without an offset; --since is inclusive, --until exclusive, "
+                            "both on the export's creation.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name")
+    p.add_argument("--destination", type=name, help="destination id or exact name (with --tenant)")
     p.add_argument("--status", type=status_arg, help=f"one of: {', '.join(s.value for s in Status)}")
-    p.add_argument("--limit", type=positive_int(100_000), default=100)
+    p.add_argument("--since", type=time_arg, metavar="TIME", help="created at or after TIME")
+    p.add_argument("--until", type=time_arg, metavar="TIME", help="created before TIME")
+    p.add_argument("--after", type=uuid_arg, metavar="JOB", help="the next page: the exports listed after JOB")
+    p.add_argument("--limit", type=positive_int(100_000), default=100, help="exports per page (default 100)")
     p.set_defaults(handler=list_jobs)
 
     p = command(commands, "watch", help_="live view of exports by state (Ctrl-C to stop)",
@@ -70,6 +81,7 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
         "evidence": [{"attempt_id": e.attempt_id, "observed_by": e.observed_by, "detail": e.detail,
                       "recorded_at": e.recorded_at} for e in events if e.kind == "DeliveryEvidence"],
         "outbox": [dataclasses.asdict(o) for o in outbox],
+        "webhooks": [dataclasses.asdict(w) for w in history.webhooks],
     }
     if ctx.json:
         emit(ctx, "", data)
@@ -109,6 +121,11 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
     lines += ["", "outbox:",
               table(["created", "message", "published"],
                     [[o.created_at, o.message_id, o.published_at] for o in outbox]) if outbox else "  (none)"]
+    if history.webhooks:
+        lines += ["", "webhooks (exports webhook show has each one's attempts):",
+                  table(["occurred", "event", "endpoint", "outcome", "state", "attempts", "finished"],
+                        [[w.occurred_at, w.event_id, w.endpoint_name, w.status, w.state, w.attempts, w.finished_at]
+                         for w in history.webhooks])]
     emit(ctx, "\n".join(lines), data)
     return EXIT_OK
 
@@ -128,13 +145,28 @@ def _rows(jobs: list[JobSummary]) -> list[list[Any]]:
 
 
 def list_jobs(ctx: Context, args: argparse.Namespace) -> int:
+    if args.destination and not args.tenant:
+        raise bad_input("--destination needs --tenant: a destination's name is its tenant's")
+    if args.since and args.until and args.since >= args.until:
+        raise bad_input("--since must be before --until")
     views = ctx.views()
     tenant = cli_lookup.tenant(views, args.tenant) if args.tenant else None
-    found = views.jobs(tenant_id=tenant.id if tenant else None, status=args.status, limit=args.limit)
+    destination = cli_lookup.destination(views, tenant, args.destination) if tenant and args.destination else None
+    after = None
+    if args.after:
+        after = views.job_position(args.after, tenant_id=tenant.id if tenant else None)
+        if after is None:
+            raise not_found(f"no export {args.after}" + (f" in tenant {tenant.name!r}" if tenant else ""))
+    found = views.jobs(tenant_id=tenant.id if tenant else None, status=args.status, limit=args.limit,
+                       destination_id=destination.id if destination else None, since=args.since, until=args.until,
+                       after=after)
     data = [{"job_id": j.id, "tenant": j.tenant_name, "destination": j.destination_name, "status": j.status,
              "failure_reason": j.failure_reason, "version": j.version, "attempt_count": j.attempt_count,
              "created_by": j.created_by, "created_at": j.created_at} for j in found]
-    emit(ctx, table(HEADERS, _rows(found)) if found else "no exports", data)
+    text = table(HEADERS, _rows(found)) if found else "no exports"
+    if len(found) == args.limit:
+        text += f"\n(a full page: the next one is --after {found[-1].id})"
+    emit(ctx, text, data)
     return EXIT_OK
 
 

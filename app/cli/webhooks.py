@@ -1,4 +1,4 @@
-"""A tenant's webhooks (add, list, show, remove, test, new-secret): their parsers and handlers.
+"""A tenant's webhooks (add, list, show, remove, redeliver, test, new-secret): their parsers and handlers.
 
 An endpoint is an HTTPS URL (plain http only for a loopback receiver, with --allow-http) and a
 *reference* to its signing secret (``env:NAME`` or ``file:/path``), never the secret: the notifier reads
@@ -84,6 +84,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     _naming_one(p)
     p.add_argument("--by", type=name, help="who removes it (default: this login's name)")
     p.set_defaults(handler=webhook_remove)
+
+    p = command(webhook, "redeliver", help_="send again what the notifier gave up (dead deliveries)",
+                description="Every event the notifier gave up on for this endpoint (state dead: its receiver "
+                            "answered no 2xx until the give-up horizon) since --since becomes pending again, due at "
+                            "once, under its own id (a receiver that got it after all deduplicates on the id); its "
+                            "horizon counts from now. Delivered, dropped and pending events are left as they are. "
+                            "--dry-run lists what would be sent again and changes nothing.",
+                exits=(Exit(EXIT_NOT_FOUND, "not found: no such tenant, or no such live webhook of it"),))
+    _naming_one(p)
+    p.add_argument("--since", type=text(64), default=None,
+                   help="only events that occurred at or after this ISO 8601 time (UTC unless it says; default: all)")
+    p.add_argument("--by", type=name, help="who sends them again (default: this login's name)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be sent again; change nothing")
+    p.set_defaults(handler=webhook_redeliver)
 
     p = command(webhook, "test", help_="send a signed test request to the endpoint now",
                 description="POST a signed request of type webhook.test to the endpoint from this shell, with the "
@@ -231,6 +245,36 @@ def webhook_remove(ctx: Context, args: argparse.Namespace) -> int:
     emit(ctx, f"webhook {endpoint.name!r} removed from tenant {tenant.name!r}: no later outcome is sent to it",
          {"webhook_id": str(endpoint.id), "removed": True})
     return EXIT_OK
+
+
+def webhook_redeliver(ctx: Context, args: argparse.Namespace) -> int:
+    since = _since(args.since)
+    tenant = cli_lookup.tenant(ctx.views(), args.tenant)
+    endpoint = _one(ctx, tenant, args.webhook)
+    with ctx.connection() as conn:
+        if args.dry_run:
+            found = store.dead_deliveries(conn, tenant_id=tenant.id, endpoint_id=endpoint.id, since=since)
+        else:
+            found = store.redeliver(conn, tenant_id=tenant.id, endpoint_id=endpoint.id, since=since,
+                                    revived_by=operator_name(args.by))
+    verb = "would send again" if args.dry_run else "sends again"
+    head = f"webhook {endpoint.name!r} of tenant {tenant.name!r}: the notifier {verb} {len(found)} given-up event(s)"
+    rows = [[g.occurred_at, g.id, g.job_id, g.status] for g in found]
+    emit(ctx, head + ("\n" + table(["occurred", "event", "export", "outcome"], rows) if rows else ""),
+         {"webhook_id": str(endpoint.id), "dry_run": args.dry_run, "count": len(found),
+          "events": [{"event_id": str(g.id), "export_id": str(g.job_id), "status": g.status,
+                      "occurred_at": g.occurred_at} for g in found]})
+    return EXIT_OK
+
+
+def _since(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise bad_input(f"--since is not an ISO 8601 time: {printable(value, 60)!r}") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def webhook_test(ctx: Context, args: argparse.Namespace) -> int:

@@ -205,7 +205,10 @@ class Destination:
             if not isinstance(exc, Exception):
                 raise
             raise EvidenceNotRecorded(f"the baseline was not recorded: {describe(exc)}") from exc
-        log.info("delivery.baseline", **fields, present=baseline.present, size=baseline.size, reused=held.reused)
+        # At INFO only when a file is there already, which decides what follows; an empty baseline is
+        # every ordinary delivery, and the runner's lines say the rest (its session's reuse included).
+        (log.info if baseline.present else log.debug)(
+            "delivery.baseline", **fields, present=baseline.present, size=baseline.size, reused=held.reused)
         decision = self._decide(baseline, replacement or replacement_of is not None, replacement_of,
                                 overwrite_agreed, expected)
         if isinstance(decision, Failed):

@@ -47,7 +47,8 @@ class InPlace(Ready):
             self._create_marker(session)
             stage = Stage.CONFIRM
             outcome = self._confirm_both(session)
-            log.info("delivery.finished", **self._fields, outcome=outcome.status)
+            # DEBUG: the runner's runner.delivered says the outcome, with the terminal write's answer.
+            log.debug("delivery.finished", **self._fields, outcome=outcome.status)
         except Exception as exc:
             self.release(reusable=False)
             redact = self._credential.redactions()

@@ -93,7 +93,8 @@ class Ready:
                 outcome = self._confirm(session)
                 if isinstance(outcome, Completed) and self._expected.marker_name is not None:
                     outcome = self._mark(session, outcome)
-                log.info("delivery.finished", **self._fields, outcome=outcome.status)
+                # DEBUG: the runner's runner.delivered says the outcome, with the terminal write's answer.
+                log.debug("delivery.finished", **self._fields, outcome=outcome.status)
         except Exception as exc:
             # The session saw an error: it is closed rather than kept, and the look afterwards is taken
             # on a new connection.

@@ -103,6 +103,24 @@ def grant_operator(conn: psycopg.Connection, *, operator_id: str, tenant_id: UUI
     return GrantResult.GRANTED if rows == 1 else GrantResult.ALREADY_GRANTED
 
 
+@dataclass(frozen=True)
+class Revoked:
+    """The grant a revoke ended."""
+
+    granted_at: datetime
+    reconciliation: bool
+    revoked_at: datetime
+
+
+def revoke_operator(conn: psycopg.Connection, *, operator_id: str, tenant_id: UUID, revoked_by: str) -> Revoked | None:
+    """Ends the operator's live grant for the tenant; None when there was none (nothing changed)."""
+    rows = connector.fetch_all(conn, "directory_revoke_operator", dict(
+        operator_id=operator_id, tenant_id=tenant_id, revoked_by=revoked_by))
+    if len(rows) > 1:   # uq_operator_access_live allows one live grant per pair
+        raise StoreError(f"directory_revoke_operator ended {len(rows)} grants")
+    return Revoked(rows[0]["granted_at"], rows[0]["reconciliation"], rows[0]["revoked_at"]) if rows else None
+
+
 def copy_contacts(conn: psycopg.Connection, *, tenant_id: UUID, contacts: Iterable[NewContact]) -> int:
     """Loads every contact or none (one transaction); returns how many were loaded. Raises
     ``ForeignKeyViolation`` for an unknown tenant, with nothing loaded."""
@@ -164,13 +182,14 @@ def remove_host_key(conn: psycopg.Connection, *, tenant_id: UUID, destination_id
 
 
 def set_delivery(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID, delivery_mode: str | None,
-                 set_limit: bool, bandwidth_limit: int | None) -> dict[str, Any] | None:
-    """Sets the delivery mode (unless None) and, with ``set_limit``, the bandwidth limit (None: none); answers
-    both as written, or None when nothing matched: no such destination of the tenant, or mode no-rename for a
-    profile without a completion marker."""
+                 set_limit: bool, bandwidth_limit: int | None,
+                 max_sessions: int | None = None) -> dict[str, Any] | None:
+    """Sets the delivery mode and the sessions at once (each unless None) and, with ``set_limit``, the
+    bandwidth limit (None: none); answers the three as written, or None when nothing matched: no such
+    destination of the tenant, or mode no-rename for a profile without a completion marker."""
     return connector.fetch_one(conn, "directory_set_delivery", dict(
         tenant_id=tenant_id, destination_id=destination_id, delivery_mode=delivery_mode, set_limit=set_limit,
-        bandwidth_limit=bandwidth_limit))
+        bandwidth_limit=bandwidth_limit, max_sessions=max_sessions))
 
 
 def read_destination(conn: psycopg.Connection, *, tenant_id: UUID, destination_id: UUID) -> dict[str, Any] | None:

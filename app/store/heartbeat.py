@@ -19,6 +19,8 @@ class ProcessIdentity:
     pid: int
     version: str
     started_at: datetime
+    #: The process to signal when it is not this one: a worker process's ``exports worker``; None otherwise.
+    parent_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ def beat(conn: psycopg.Connection, identity: ProcessIdentity) -> bool:
     """Records that the process is alive; False when it was recorded as stopped (nothing changes)."""
     return connector.execute(conn, "heartbeat_beat", dict(
         process_id=identity.process_id, role=identity.role, host=identity.host, pid=identity.pid,
-        version=identity.version, started_at=identity.started_at)) == 1
+        version=identity.version, started_at=identity.started_at, parent_pid=identity.parent_pid)) == 1
 
 
 def stop(conn: psycopg.Connection, identity: ProcessIdentity) -> bool:
@@ -45,7 +47,8 @@ def stop(conn: psycopg.Connection, identity: ProcessIdentity) -> bool:
 
 def processes(conn: psycopg.Connection) -> list[ProcessRecord]:
     return [ProcessRecord(
-        identity=ProcessIdentity(r["process_id"], r["role"], r["host"], r["pid"], r["version"], r["started_at"]),
+        identity=ProcessIdentity(r["process_id"], r["role"], r["host"], r["pid"], r["version"], r["started_at"],
+                                 r["parent_pid"]),
         beat_at=r["beat_at"], stopped_at=r["stopped_at"], silent_seconds=float(r["silent_seconds"]),
         attempts=tuple(r["attempts"]))
         for r in connector.fetch_all(conn, "heartbeat_list")]

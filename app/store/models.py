@@ -75,14 +75,16 @@ class Contact(peewee.Model):
 
 
 class OperatorAccess(peewee.Model):
+    id = peewee.BigIntegerField(primary_key=True)
     operator_id = peewee.TextField()
     tenant_id = peewee.UUIDField()
     reconciliation = peewee.BooleanField()
     granted_at = peewee.DateTimeField()
+    revoked_by = peewee.TextField(null=True)
+    revoked_at = peewee.DateTimeField(null=True)
 
     class Meta:
         table_name = "operator_access"
-        primary_key = peewee.CompositeKey("operator_id", "tenant_id")
 
 
 class ExportJob(peewee.Model):
@@ -232,3 +234,27 @@ class ScheduleRun(peewee.Model):
     class Meta:
         table_name = "schedule_runs"
         primary_key = peewee.CompositeKey("schedule_id", "slot")
+
+
+class WebhookEndpoint(peewee.Model):
+    id = peewee.UUIDField(primary_key=True)
+    tenant_id = peewee.UUIDField()
+    name = peewee.TextField()
+
+    class Meta:
+        table_name = "webhook_endpoints"
+
+
+class WebhookDelivery(peewee.Model):
+    id = peewee.UUIDField(primary_key=True)
+    endpoint_id = peewee.UUIDField()
+    tenant_id = peewee.UUIDField()
+    job_id = peewee.UUIDField()
+    status = peewee.TextField()
+    state = peewee.TextField()
+    attempts = peewee.IntegerField()
+    occurred_at = peewee.DateTimeField()
+    finished_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        table_name = "webhook_deliveries"

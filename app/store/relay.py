@@ -27,17 +27,22 @@ class OutboxMessage:
         return self.due_at or self.created_at
 
 
-def claim_batch(conn: psycopg.Connection, *, batch_size: int) -> list[OutboxMessage]:
-    """Locks up to ``batch_size`` unpublished rows that are due, until the caller's transaction ends."""
+@dataclass(frozen=True)
+class Batch:
+    rows: list[OutboxMessage]
+    #: Seconds until the next unpublished row outside the batch falls due (0 or less: one is due now,
+    #: held by another relay or beyond the batch); None when none waits.
+    next_due_seconds: float | None
+
+
+def claim_batch(conn: psycopg.Connection, *, batch_size: int) -> Batch:
+    """Locks up to ``batch_size`` unpublished rows that are due, until the caller's transaction ends, and
+    says when the next row outside them falls due."""
     rows = connector.fetch_all(conn, "relay_claim_batch", dict(batch_size=batch_size))
-    return [OutboxMessage(r["message_id"], r["kind"], r["job_id"], r["created_at"], r["due_at"], r["tenant_id"])
-            for r in rows]
-
-
-def seconds_until_next_due(conn: psycopg.Connection) -> float | None:
-    """How long until the next unpublished row is due (0 or less: one is due now); None when none waits."""
-    row = connector.fetch_one(conn, "relay_next_due")
-    return None if row is None or row["seconds"] is None else float(row["seconds"])
+    seconds = rows[0]["next_due_seconds"] if rows else None
+    return Batch([OutboxMessage(r["message_id"], r["kind"], r["job_id"], r["created_at"], r["due_at"], r["tenant_id"])
+                  for r in rows if r["message_id"] is not None],
+                 None if seconds is None else float(seconds))
 
 
 def mark_published(conn: psycopg.Connection, *, message_ids: list[UUID]) -> int:

@@ -53,6 +53,17 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class GrantRecord:
+    """One period of an operator's access to a tenant: live while ``revoked_at`` is None."""
+
+    operator_id: str
+    reconciliation: bool
+    granted_at: datetime
+    revoked_by: str | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Job:
     """An export's row, every column in the table's order."""
 
@@ -126,6 +137,18 @@ class CancellationRequest:
 
 
 @dataclass(frozen=True)
+class JobWebhook:
+    """One outcome of the export told to one of its tenant's webhook endpoints, and how that is going."""
+    event_id: UUID
+    endpoint_name: str
+    status: str
+    state: str
+    attempts: int
+    occurred_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
 class OutboxEntry:
     message_id: UUID
     kind: str
@@ -138,12 +161,41 @@ class OutboxEntry:
 @dataclass(frozen=True)
 class JobHistory:
     """What happened to one export: its destination's name (None once deleted), attempt events in
-    order, cancellation requests and outbox rows in the order they were recorded."""
+    order, cancellation requests, outbox rows and the outcomes told to webhooks in the order they were
+    recorded."""
 
     destination_name: str | None
     events: list[AttemptEvent]
     cancellation_requests: list[CancellationRequest]
     outbox: list[OutboxEntry]
+    webhooks: list[JobWebhook]
+
+
+#: The failures that finalized no file, after which an export may be replaced (export_create_replacement).
+REPLACEABLE_FAILURES = ("BuildFailed", "AttemptsExhausted", "NotDelivered")
+
+
+@dataclass(frozen=True)
+class EndedWithoutFile:
+    """An export that failed without finalizing a file: itself, or the replacement of ``replaces_job_id``."""
+
+    id: UUID
+    replaces_job_id: UUID | None
+    failure_reason: str
+    ended_at: datetime
+
+    @property
+    def original_id(self) -> UUID:
+        """What a replacement of it replaces: the original, always."""
+        return self.replaces_job_id or self.id
+
+
+@dataclass(frozen=True)
+class JobPosition:
+    """A job's place in a listing, newest first."""
+
+    created_at: datetime
+    id: UUID
 
 
 @dataclass(frozen=True)
@@ -268,8 +320,19 @@ class Views:
         return self._one(Job, _select(J, Job).where((J.id == job_id) & (J.tenant_id == tenant_id)))
 
     def grant(self, operator_id: str, tenant_id: UUID) -> Grant | None:
+        """The operator's live grant for the tenant; a revoked one answers None, like one never made."""
         A = models.OperatorAccess
-        return self._one(Grant, _select(A, Grant).where((A.operator_id == operator_id) & (A.tenant_id == tenant_id)))
+        return self._one(Grant, _select(A, Grant).where((A.operator_id == operator_id) & (A.tenant_id == tenant_id)
+                                                        & A.revoked_at.is_null()))
+
+    def grants(self, tenant_id: UUID, *, revoked: bool) -> list[GrantRecord]:
+        """The tenant's grants by operator, the live ones only unless ``revoked``; a revoked period after
+        the live one that followed it."""
+        A = models.OperatorAccess
+        query = _select(A, GrantRecord).where(A.tenant_id == tenant_id)
+        if not revoked:
+            query = query.where(A.revoked_at.is_null())
+        return self._all(GrantRecord, query.order_by(A.operator_id, A.granted_at, A.id))
 
     def history(self, job: Job) -> JobHistory:
         E, C, M, D = models.AttemptEvent, models.CancellationRequest, models.OutboxRow, models.Destination
@@ -280,11 +343,24 @@ class Views:
                                             .where((C.tenant_id == job.tenant_id) & (C.job_id == job.id))
                                             .order_by(C.recorded_at)),
             outbox=self._all(OutboxEntry, _select(M, OutboxEntry).where(M.job_id == job.id).order_by(M.created_at)),
+            webhooks=self._webhooks(job),
         )
 
-    def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int) -> list[JobSummary]:
+    def _webhooks(self, job: Job) -> list[JobWebhook]:
+        W, E = models.WebhookDelivery, models.WebhookEndpoint
+        return self._all(JobWebhook, W.select(W.id.alias("event_id"), E.name.alias("endpoint_name"), W.status,
+                                              W.state, W.attempts, W.occurred_at, W.finished_at)
+                         .join(E, on=(E.id == W.endpoint_id))
+                         .where((W.tenant_id == job.tenant_id) & (W.job_id == job.id))
+                         .order_by(W.occurred_at, W.id))
+
+    def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int,
+             destination_id: UUID | None = None, since: datetime | None = None, until: datetime | None = None,
+             after: JobPosition | None = None) -> list[JobSummary]:
         """Exports newest first, of one tenant or all: an index scan of (tenant, created_at), (status,
-        created_at) or created_at that stops at ``limit``, however long the history."""
+        created_at) or created_at that stops at ``limit``, however long the history. ``since`` (inclusive)
+        and ``until`` (exclusive) bound created_at; ``after`` continues a listing after a job it showed
+        (a keyset cursor: rows created meanwhile never shift a page)."""
         J, T, D = models.ExportJob, models.Tenant, models.Destination
         query = (J.select(J.id, T.name.alias("tenant_name"), D.name.alias("destination_name"), J.status,
                           J.failure_reason, J.version, J.attempt_count, J.created_by, J.created_at)
@@ -295,7 +371,47 @@ class Views:
             query = query.where(J.tenant_id == tenant_id)
         if status is not None:
             query = query.where(J.status == status.value)
+        if destination_id is not None:
+            query = query.where(J.destination_id == destination_id)
+        if since is not None:
+            query = query.where(J.created_at >= since)
+        if until is not None:
+            query = query.where(J.created_at < until)
+        if after is not None:
+            query = query.where(peewee.Tuple(J.created_at, J.id) < peewee.Tuple(after.created_at, after.id))
         return self._all(JobSummary, query.order_by(J.created_at.desc(), J.id.desc()).limit(limit))
+
+    def queued_ids(self, tenant_id: UUID, *, destination_id: UUID | None = None) -> list[UUID]:
+        """The tenant's Queued exports, to one destination if given, oldest first
+        (``ix_export_jobs_tenant_status``)."""
+        J = models.ExportJob
+        query = J.select(J.id).where((J.tenant_id == tenant_id) & (J.status == Status.QUEUED.value))
+        if destination_id is not None:
+            query = query.where(J.destination_id == destination_id)
+        return [row.id for row in query.order_by(J.created_at, J.id).bind(self._db)]
+
+    def ended_without_file(self, tenant_id: UUID, *, since: datetime,
+                           destination_id: UUID | None = None) -> list[EndedWithoutFile]:
+        """The tenant's exports that failed without finalizing a file (BuildFailed, AttemptsExhausted,
+        NotDelivered: the failures a replacement may follow) and whose last event, their ending or a later
+        correction, is at or after ``since``; to one destination, if given; in the order they ended."""
+        J, E = models.ExportJob, models.AttemptEvent
+        ended = E.select(peewee.fn.MAX(E.recorded_at)).where(E.job_id == J.id)
+        query = (J.select(J.id, J.replaces_job_id, J.failure_reason, ended.alias("ended_at"))
+                 .where((J.tenant_id == tenant_id) & (J.status == Status.FAILED.value)
+                        & J.failure_reason.in_(REPLACEABLE_FAILURES) & (ended >= since))
+                 .order_by(ended, J.id))
+        if destination_id is not None:
+            query = query.where(J.destination_id == destination_id)
+        return self._all(EndedWithoutFile, query)
+
+    def job_position(self, job_id: UUID, *, tenant_id: UUID | None) -> JobPosition | None:
+        """Where a job stands in a listing (a cursor); of the tenant's jobs only, when one is given."""
+        J = models.ExportJob
+        query = _select(J, JobPosition).where(J.id == job_id)
+        if tenant_id is not None:
+            query = query.where(J.tenant_id == tenant_id)
+        return self._one(JobPosition, query)
 
     def counts_by_status(self, *, tenant_id: UUID | None = None) -> dict[str, int]:
         """How many exports are in each status that has any, of one tenant or all."""

@@ -101,6 +101,15 @@ class RecentDelivery:
 
 
 @dataclass(frozen=True)
+class GivenUp:
+    """A dead delivery, as ``webhook redeliver`` lists what it sends again."""
+    id: UUID
+    job_id: UUID
+    status: str
+    occurred_at: datetime
+
+
+@dataclass(frozen=True)
 class Claimed:
     """A delivery leased to this notifier, with what its request needs. ``removed``: its endpoint was
     removed, and the claim dropped it instead; nothing is to be sent."""
@@ -206,3 +215,22 @@ def release(conn: psycopg.Connection, claimed: list[Claimed]) -> int:
     """Hands back deliveries this notifier claimed and will not send (it is stopping); how many it could."""
     return connector.execute(conn, "webhooks_release", dict(delivery_ids=[c.id for c in claimed],
                                                              attempts=[c.attempt for c in claimed]))
+
+
+def dead_deliveries(conn: psycopg.Connection, *, tenant_id: UUID, endpoint_id: UUID,
+                    since: datetime | None) -> list[GivenUp]:
+    """The endpoint's given-up deliveries since ``since`` (every one when None), oldest first."""
+    return [GivenUp(id=r["id"], job_id=r["job_id"], status=r["status"], occurred_at=r["occurred_at"])
+            for r in connector.fetch_all(conn, "webhooks_dead_deliveries", dict(
+                tenant_id=tenant_id, endpoint_id=endpoint_id, since=since))]
+
+
+def redeliver(conn: psycopg.Connection, *, tenant_id: UUID, endpoint_id: UUID, since: datetime | None,
+              revived_by: str) -> list[GivenUp]:
+    """Makes the endpoint's dead deliveries since ``since`` pending again, due now, under their ids; the
+    ones it revived (none when the endpoint was removed meanwhile, or another operator revived them
+    first: only a dead delivery is revived, so a second call finds nothing to do)."""
+    rows = connector.fetch_all(conn, "webhooks_redeliver", dict(
+        tenant_id=tenant_id, endpoint_id=endpoint_id, since=since, revived_by=revived_by))
+    return sorted((GivenUp(id=r["id"], job_id=r["job_id"], status=r["status"], occurred_at=r["occurred_at"])
+                   for r in rows), key=lambda g: (g.occurred_at, str(g.id)))

@@ -172,3 +172,18 @@ def test_destination_edit_sets_contract_flags_with_their_event_and_show_prints_t
     shown = peer_cli("destination", "show", "--tenant", "Initech", "--destination", "partner", "--json").json
     assert shown["contract"] == {"remote_hash": False, "acknowledgments": False, "name_and_size_identify": True,
                                  "read_back": False}
+
+
+def test_destination_edit_max_sessions_changes_the_sessions_at_once_and_refuses_a_bad_count(peer_cli, partner, admin):
+    edited = peer_cli("destination", "edit", "--tenant", "Initech", "--destination", "partner", "--max-sessions", "2",
+                      "--json").json
+    again = peer_cli("destination", "edit", "--tenant", "Initech", "--destination", "partner", "--max-sessions", "2",
+                     "--json").json
+    shown = peer_cli("destination", "show", "--tenant", "Initech", "--destination", "partner", "--json").json
+    bad = [peer_cli("destination", "edit", "--tenant", "Initech", "--destination", "partner", "--max-sessions", n,
+                    expect=EXIT_BAD_INPUT) for n in ("0", "65", "two")]
+
+    assert (edited["changed"], edited["max_sessions"], again["changed"], shown["max_sessions"]) == (True, 2, False, 2)
+    assert admin.execute("SELECT max_sessions FROM destinations").fetchone()["max_sessions"] == 2
+    for result in bad:
+        one_line_error(result)

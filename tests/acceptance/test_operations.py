@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 import app
+from app.cli.common import EXIT_UNHEALTHY
 from exports_devtools.waiting import wait_until
 from tests.acceptance.steps import DEADLINE, create, set_up, wait_status
 from tests.fixtures.sftp import free_port
@@ -46,8 +47,8 @@ def ports(system) -> dict[str, int]:
 def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the_job(
         system, embedded_sftp, admin, ports):
     set_up(system, embedded_sftp)
-    system.start_relay()
-    system.start_worker()
+    relay_process = system.start_relay()
+    worker_process = system.start_worker()
     system.start_scheduler()
     job_id = create(system)
     wait_status(system, admin, job_id, "Completed")
@@ -70,8 +71,17 @@ def test_each_process_serves_its_metrics_beats_and_logs_json_lines_that_name_the
 
     listed = system.cli("processes", "--json").json
     assert sorted(p["role"] for p in listed if p["state"] == "alive") == ["relay", "scheduler", "worker"]
+    # The pid to signal: a worker process's exports worker (which drains them all), the relay itself.
+    alive = {p["role"]: p for p in listed if p["state"] == "alive"}
+    assert alive["worker"]["signal_pid"] == worker_process.pid != alive["worker"]["pid"]
+    assert alive["relay"]["signal_pid"] == relay_process.pid == alive["relay"]["pid"]
     health = system.cli("health", "--require", "relay,worker,scheduler", "--json").json
     assert health["healthy"] is True, health
+    # Liveness, per process, from each one's own endpoint: no notifier runs here (on a port nothing else uses).
+    system.group.env["EXPORTS_NOTIFIER_METRICS"] = f"127.0.0.1:{free_port()}"
+    for role in ("relay", "worker", "scheduler"):
+        assert system.cli("health", "--process", role, "--json").json["healthy"] is True, role
+    assert not system.cli("health", "--process", "notifier", "--json", expect=EXIT_UNHEALTHY).json["healthy"]
 
     lines = [json.loads(line) for line in system.group.logs().splitlines() if line.startswith("{")]
     about_the_job = {line["event"] for line in lines if line.get("job_id") == job_id}
@@ -86,7 +96,7 @@ def test_health_fails_naming_the_missing_role_when_no_worker_runs(system, embedd
     wait_until(lambda: any(p["role"] == "relay" and p["state"] == "alive"
                            for p in system.cli("processes", "--json").json), "the relay's first heartbeat", DEADLINE)
 
-    result = system.cli("health", "--require", "relay,worker", "--json", expect=1)
+    result = system.cli("health", "--require", "relay,worker", "--json", expect=EXIT_UNHEALTHY)
 
     checks = {c["name"]: c for c in result.json["checks"]}
     assert checks["relay processes"]["ok"] and not checks["worker processes"]["ok"]

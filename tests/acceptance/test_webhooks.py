@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED
+from app.cli.common import EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_UNHEALTHY
 from app.store.types import Status
 from app.webhooks import signing
 from exports_devtools.processes import clean_environ
@@ -190,7 +190,54 @@ def test_health_fails_its_webhooks_check_while_an_endpoint_is_owed_an_event_past
     admin.execute("UPDATE webhook_deliveries SET occurred_at = occurred_at - interval '1 hour'")
     admin.execute("SET session_replication_role = origin")
 
-    result = cli("health", "--json", expect=EXIT_FAILURE)
+    result = cli("health", "--json", expect=EXIT_UNHEALTHY)
 
     check = next(c for c in result.json["checks"] if c["name"] == "webhooks")
     assert not check["ok"] and "late: Acme/prod" in check["detail"]
+
+
+def test_webhook_redeliver_sends_again_what_was_given_up_once_and_dry_run_changes_nothing(cli, admin, seed, tenant):
+    add(cli, "https://hooks.acme.example/a")
+    job = seed.finished(Status.COMPLETED, seed.queued(tenant))
+    admin.execute("UPDATE webhook_deliveries SET state = 'dead', finished_at = clock_timestamp()")
+    (event,) = admin.execute("SELECT id FROM webhook_deliveries").fetchall()
+    redeliver = ("webhook", "redeliver", "--tenant", "Acme", "--webhook", "prod", "--by", "dana", "--json")
+
+    planned = cli(*redeliver, "--dry-run").json
+    assert admin.execute("SELECT state FROM webhook_deliveries").fetchone()["state"] == "dead"
+    done = cli(*redeliver).json
+    again = cli(*redeliver).json
+
+    assert [(e["event_id"], e["export_id"]) for e in planned["events"]] == [(str(event["id"]), str(job.id))]
+    assert (planned["count"], planned["dry_run"], done["count"], again["count"]) == (1, True, 1, 0)
+    row = admin.execute("SELECT state, finished_at, revived_by, revived_at FROM webhook_deliveries").fetchone()
+    assert (row["state"], row["finished_at"], row["revived_by"]) == ("pending", None, "dana") and row["revived_at"]
+    assert cli("webhook", "list", "--tenant", "Acme", "--json").json[0]["dead"] == 0
+
+
+def test_webhook_redeliver_answers_bad_input_and_unknown_webhooks_in_one_line_writing_nothing(cli, admin, tenant):
+    add(cli, "https://hooks.acme.example/a")
+
+    bad = cli("webhook", "redeliver", "--tenant", "Acme", "--webhook", "prod", "--since", "yesterday'; --",
+              expect=EXIT_BAD_INPUT)
+    unknown = cli("webhook", "redeliver", "--tenant", "Acme", "--webhook", "nope", expect=EXIT_NOT_FOUND)
+
+    one_line_error(bad)
+    one_line_error(unknown)
+    assert "--since" in bad.stderr
+
+
+def test_exports_show_lists_the_outcomes_told_to_the_tenant_s_webhooks(cli, admin, seed, tenant):
+    add(cli, "https://hooks.acme.example/a")
+    job = seed.finished(Status.COMPLETED, seed.queued(tenant))
+    quiet = seed.finished(Status.COMPLETED, seed.queued(seed.tenant("Globex")))
+
+    shown = cli("show", str(job.id), "--tenant", "Acme", "--json").json
+    text = cli("show", str(job.id), "--tenant", "Acme").stdout
+    other = cli("show", str(quiet.id), "--tenant", "Globex", "--json").json
+
+    (event,) = admin.execute("SELECT id FROM webhook_deliveries").fetchall()
+    assert [(w["event_id"], w["endpoint_name"], w["status"], w["state"], w["attempts"]) for w in shown["webhooks"]] \
+        == [(str(event["id"]), "prod", "Completed", "pending", 0)]
+    assert "webhooks" in text and str(event["id"]) in text
+    assert other["webhooks"] == []

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
+import pytest
+
 from app import health
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.heartbeat import identity
 from app.store import export, heartbeat, webhooks
 from app.store.types import FailureCode
+from tests.fixtures.sftp import free_port
 
 
 def _settings(**changes) -> Settings:
@@ -90,10 +93,39 @@ def test_a_required_role_without_a_live_process_fails_and_one_with_a_heartbeat_p
     assert checks["relay processes"].ok and not checks["worker processes"].ok
 
 
-def test_an_unreachable_database_is_one_failed_check_not_an_exception():
-    checks = _by_name(health.run(_settings(), "postgresql://nobody@127.0.0.1:1/none"))
+def test_an_unreachable_database_is_one_failed_check_that_keeps_its_cause_but_not_the_password():
+    checks = _by_name(health.run(_settings(), "postgresql://nobody:s3cret@127.0.0.1:1/none"))
 
-    assert not checks["database"].ok and "cannot connect" in checks["database"].detail
+    database = checks["database"]
+    assert not database.ok and database.detail.startswith("cannot connect: OperationalError: ")
+    assert 'port 1 failed' in database.detail and "s3cret" not in database.detail
+    assert "\n" not in database.detail
+
+
+def test_a_cause_that_repeats_the_password_has_it_cut_out():
+    cause = health.cause(RuntimeError('password "s3cret" rejected\nsecond line'), "postgresql://u:s3cret@h/db")
+
+    assert cause == 'RuntimeError: password "***" rejected'
+
+
+def test_a_process_serving_its_metrics_is_alive_and_one_not_serving_is_not(tmp_path):
+    from app import metrics
+
+    metrics.announce_build()
+    port = metrics.serve("127.0.0.1:0")
+    closed = free_port()
+
+    alive = health.probe_process(_settings(relay_metrics=f"127.0.0.1:{port}"), "relay")
+    gone = health.probe_process(_settings(scheduler_metrics=f"127.0.0.1:{closed}"), "scheduler")
+
+    assert alive == health.Check("relay process", True, f"http://127.0.0.1:{port}/metrics answers")
+    assert not gone.ok and gone.name == "scheduler process"
+    assert gone.detail.startswith(f"http://127.0.0.1:{closed}/metrics does not answer: URLError")
+
+
+def test_a_process_whose_metrics_are_off_cannot_be_probed_and_says_which_setting():
+    with pytest.raises(ConfigError, match="EXPORTS_WORKER_METRICS is off"):
+        health.probe_process(_settings(worker_metrics="off"), "worker")
 
 
 def test_an_unreachable_broker_names_the_error_class_and_not_the_url():

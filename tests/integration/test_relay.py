@@ -279,7 +279,7 @@ def test_a_redis_that_lost_its_scripts_has_the_dispatch_script_loaded_again_and_
     monkeypatch.setattr(broker.scripts["dispatch"], "sha", "0" * 40)
 
     assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 3
-    assert executions == [3, 3]   # the batch, refused whole; then loaded, the batch again
+    assert executions == [4, 4]   # the batch and its wake-up, refused whole; then loaded, again
     assert sorted(queued_ids(broker)) == sorted(ids)
     assert unpublished_ids(admin) == []
 
@@ -311,7 +311,7 @@ def test_a_batch_is_enqueued_in_one_round_trip(db_url, dispatcher_db, broker, se
     executions = pipelines_executed(monkeypatch)
 
     assert Relay(settings_for(db_url), dispatcher_db, broker).run_once() == 25
-    assert executions == [25] and sorted(queued_ids(broker)) == sorted(ids)
+    assert executions == [26] and sorted(queued_ids(broker)) == sorted(ids)   # 25 scripts, 1 wake-up
 
 
 def test_a_crash_between_publishing_and_marking_republishes_the_same_message_ids(
@@ -351,7 +351,7 @@ def test_a_relay_skips_rows_another_relay_holds_and_publishes_them_only_after_it
     relay = Relay(settings_for(db_url), dispatcher_db, broker)
 
     with other.transaction():
-        held = [str(r.message_id) for r in relay_store.claim_batch(other, batch_size=2)]
+        held = [str(r.message_id) for r in relay_store.claim_batch(other, batch_size=2).rows]
         assert held == ids[:2]
         assert relay.run_once() == 3
         assert queued_ids(broker) == ids[2:]
@@ -528,3 +528,28 @@ def _take_messages(client, message_ids: set[str]) -> list[str]:
             client.hdel(bodies, redis_id)
             client.lrem(queue, 0, redis_id)
     return found
+
+
+def test_a_drain_of_one_short_batch_costs_one_transaction_of_two_statements_its_wait_included(
+        db_url, dispatcher_db, broker, seed, admin, monkeypatch):
+    from app.store import connector
+
+    ids = seed_jobs(seed, 3)
+    statements: list[str] = []
+    transactions = []
+    for verb in ("execute", "fetch_one", "fetch_all"):
+        real = getattr(connector, verb)
+        monkeypatch.setattr(connector, verb, lambda conn, name, params=None, _real=real: (
+            statements.append(name), _real(conn, name, params))[1])
+    real_connection = dispatcher_db.connection
+
+    def counted_connection(*args, **kwargs):
+        transactions.append(1)
+        return real_connection(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher_db, "connection", counted_connection)
+    drained = Relay(settings_for(db_url), dispatcher_db, broker)._drain()
+
+    assert (drained.published, drained.next_due_seconds) == (3, None)   # nothing else waits: the poll interval
+    assert statements == ["relay_claim_batch", "relay_mark_published"] and len(transactions) == 1
+    assert sorted(queued_ids(broker)) == sorted(ids) and unpublished_ids(admin) == []

@@ -10,7 +10,7 @@ import random
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import psycopg
@@ -313,3 +313,70 @@ def test_a_stopping_notifier_hands_back_what_it_claimed_and_did_not_send(seed, c
     assert receiver.received() == []
     assert {(d["state"], d["attempts"]) for d in deliveries(admin).values()} == {("pending", 0)}
     assert sender(notifier_db).run_once().delivered == 3, "due again at once, not after the lease"
+
+
+def _given_up(seed: Seeder, conn: psycopg.Connection, admin: psycopg.Connection, notifier_db: Database,
+              receiver: WebhookReceiver) -> tuple[UUID, UUID, dict]:
+    """An endpoint of Acme whose one event the notifier gave up on (the receiver down past a 1 s horizon);
+    the tenant, the endpoint and the dead delivery."""
+    tenant = seed.tenant("Acme")
+    endpoint = add_endpoint(conn, tenant, receiver.url)
+    receiver.stop()
+    job = seed.running(seed.queued(tenant))
+    export.try_finish_failed(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
+                             failure_reason=FailureCode.BUILD_FAILED)
+    quick = SenderConfig(timeout_seconds=0.5, batch_size=5, poll_seconds=0.05, senders=1, backoff_base_seconds=0.1,
+                         backoff_max_seconds=0.2, give_up_seconds=1)
+    pass_until(sender(notifier_db, quick), lambda: next(iter(deliveries(admin).values()))["state"] == "dead",
+               "the delivery to be given up")
+    (dead,) = deliveries(admin).values()
+    return tenant, endpoint, dead
+
+
+def test_a_given_up_event_redelivered_by_an_operator_reaches_the_receiver_under_its_id_once(
+        seed, conn, admin, notifier_db, receiver):
+    tenant, endpoint, dead = _given_up(seed, conn, admin, notifier_db, receiver)
+    assert webhooks.dead_deliveries(conn, tenant_id=tenant, endpoint_id=endpoint, since=None)[0].id == dead["id"]
+
+    revived = webhooks.redeliver(conn, tenant_id=tenant, endpoint_id=endpoint, since=None, revived_by="dana")
+    again = webhooks.redeliver(conn, tenant_id=tenant, endpoint_id=endpoint, since=None, revived_by="erin")
+
+    assert [r.id for r in revived] == [dead["id"]] and again == []   # only a dead delivery is revived
+    row = deliveries(admin)[str(dead["id"])]
+    assert (row["state"], row["finished_at"], row["revived_by"]) == ("pending", None, "dana")
+    receiver.start()
+    notifier = sender(notifier_db)   # a horizon of an hour, counted from the redelivery
+    pass_until(notifier, lambda: deliveries(admin)[str(dead["id"])]["state"] == "delivered", "the redelivery")
+    (got,) = receiver.received()
+    assert got.headers["webhook-id"] == str(dead["id"]) and got.verified
+    assert webhooks.dead_deliveries(conn, tenant_id=tenant, endpoint_id=endpoint, since=None) == []
+
+
+def test_a_redelivered_event_is_given_up_again_only_past_a_horizon_counted_from_its_redelivery(
+        seed, conn, admin, notifier_db, receiver):
+    tenant, endpoint, dead = _given_up(seed, conn, admin, notifier_db, receiver)
+    # Its outcome older than the horizon below: counted from the outcome, the next failure would give it up
+    # at once; counted from the redelivery, it is retried.
+    wait_until(lambda: admin.execute("SELECT clock_timestamp() - occurred_at > interval '6 seconds' AS old "
+                                     "FROM webhook_deliveries WHERE id = %s", (dead["id"],)).fetchone()["old"],
+               "the event to be six seconds old", timeout=30)
+    webhooks.redeliver(conn, tenant_id=tenant, endpoint_id=endpoint, since=None, revived_by="dana")
+    notifier = sender(notifier_db, SenderConfig(timeout_seconds=0.5, batch_size=5, poll_seconds=0.05, senders=1,
+                                                backoff_base_seconds=0.05, backoff_max_seconds=0.1,
+                                                give_up_seconds=4))
+    counts = notifier.run_once()   # the receiver is still down: one more try, and pending again
+
+    row = deliveries(admin)[str(dead["id"])]
+    assert counts.retrying == 1 and counts.dead == 0 and row["state"] == "pending"
+
+
+def test_redeliver_leaves_a_removed_endpoint_s_events_and_those_before_since_alone(
+        seed, conn, admin, notifier_db, receiver):
+    tenant, endpoint, dead = _given_up(seed, conn, admin, notifier_db, receiver)
+    later = dead["occurred_at"] + timedelta(seconds=1)
+
+    assert webhooks.dead_deliveries(conn, tenant_id=tenant, endpoint_id=endpoint, since=later) == []
+    assert webhooks.redeliver(conn, tenant_id=tenant, endpoint_id=endpoint, since=later, revived_by="dana") == []
+    assert webhooks.remove_endpoint(conn, tenant_id=tenant, endpoint_id=endpoint, removed_by="dana")
+    assert webhooks.redeliver(conn, tenant_id=tenant, endpoint_id=endpoint, since=None, revived_by="dana") == []
+    assert deliveries(admin)[str(dead["id"])]["state"] == "dead"

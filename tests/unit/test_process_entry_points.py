@@ -195,6 +195,29 @@ def test_exports_worker_hands_its_worker_processes_the_configured_services_uncha
         "app.worker", CONFIGURED, BROKER)
 
 
+def test_exports_worker_removes_its_metrics_directory_when_it_ends_and_those_of_workers_gone_before_it(
+        reads, environ, worker_environ, tmp_path):
+    environ.setenv("EXPORTS_DATABASE_URL", CONFIGURED)
+    environ.setenv("EXPORTS_BROKER_URL", BROKER)
+    environ.setenv("EXPORTS_STATE_DIR", str(tmp_path))
+    environ.setenv("EXPORTS_WORKER_METRICS", "127.0.0.1:0")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    killed = tmp_path / f"worker-metrics-{int(ended.stdout)}"   # a worker SIGKILLed: its pid is gone
+    running = tmp_path / f"worker-metrics-{os.getppid()}"       # another worker of this host, still running
+    other = tmp_path / "worker-metrics-notes"
+    own = tmp_path / f"worker-metrics-{os.getpid()}"   # as its worker processes leave it
+    for path in (killed, running, other, own):
+        (path / "counter_1.db").parent.mkdir()
+        (path / "counter_1.db").write_bytes(b"x")
+
+    assert cli_main.main(["worker", "--processes", "1"]) == 0
+
+    [seen] = worker_environ
+    assert seen["dramatiq_prom_db"] == str(tmp_path / f"worker-metrics-{os.getpid()}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, other.name])
+
+
 def test_exports_worker_with_no_services_configured_starts_the_embedded_ones_once_and_hands_them_down(
         reads, environ, worker_environ, tmp_path):
     started: list[str] = []
@@ -224,8 +247,8 @@ def test_a_command_that_needs_the_embedded_database_on_an_install_without_it_say
 
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
-        "exports: error: EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed "
-        "(the embedded extra): set EXPORTS_DATABASE_URL"]
+        "exports: error: EXPORTS_DATABASE_URL is not set and the embedded PostgreSQL is not installed: set "
+        "EXPORTS_DATABASE_URL, or install the embedded extra (pip install 'exports[embedded]')"]
     assert not state_dir.exists()
 
 

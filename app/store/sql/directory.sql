@@ -43,12 +43,21 @@ JOIN delivery_profiles p ON p.destination_id = d.id
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
 -- name: directory_grant_operator
--- A second grant of the same pair changes nothing: access is widened or narrowed by no statement here,
--- so a grant that differs from the recorded one is reported, not applied.
+-- A second grant of a live pair changes nothing: access is widened or narrowed by no statement here,
+-- so a grant that differs from the live one is reported, not applied. After a revoke, a grant is a new
+-- row beside the revoked one, which stays as history.
 INSERT INTO operator_access (operator_id, tenant_id, reconciliation)
 VALUES (%(operator_id)s, %(tenant_id)s, %(reconciliation)s)
-ON CONFLICT ON CONSTRAINT pk_operator_access DO NOTHING
-RETURNING operator_id;
+ON CONFLICT (operator_id, tenant_id) WHERE revoked_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: directory_revoke_operator
+-- Ends the live grant of the pair, kept with who ended it and when; matches nothing when there is none
+-- (never granted, or revoked already). A write by the operator that checked its grant before this
+-- committed may still land: it was granted when it asked.
+UPDATE operator_access SET revoked_by = %(revoked_by)s, revoked_at = clock_timestamp()
+WHERE operator_id = %(operator_id)s AND tenant_id = %(tenant_id)s AND revoked_at IS NULL
+RETURNING granted_at, reconciliation, revoked_at;
 
 -- name: directory_copy_contacts
 -- Bulk load through COPY: thousands of rows in one round trip, inside the caller's transaction, so an
@@ -81,15 +90,16 @@ WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND cardinality(more
 RETURNING cardinality(more_host_keys) + 1 AS pinned;
 
 -- name: directory_set_delivery
--- The destination's delivery mode and bandwidth limit (each only when given: a NULL mode keeps the mode,
--- and the limit is written only with set_limit). Mode no-rename publishes a file by its completion marker,
+-- The destination's delivery mode, bandwidth limit and sessions at once (each only when given: a NULL mode
+-- or session count keeps it, and the limit is written only with set_limit). Mode no-rename publishes a file by its completion marker,
 -- so it is written only while the current profile writes one; matches nothing otherwise.
 UPDATE destinations d
 SET delivery_mode = coalesce(%(delivery_mode)s, d.delivery_mode),
-    bandwidth_limit = CASE WHEN %(set_limit)s THEN %(bandwidth_limit)s::bigint ELSE d.bandwidth_limit END
+    bandwidth_limit = CASE WHEN %(set_limit)s THEN %(bandwidth_limit)s::bigint ELSE d.bandwidth_limit END,
+    max_sessions = coalesce(%(max_sessions)s::int, d.max_sessions)
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
   AND (coalesce(%(delivery_mode)s, d.delivery_mode) <> 'no-rename'
        OR EXISTS (SELECT 1 FROM delivery_profiles p
                   WHERE p.destination_id = d.id AND p.version = d.profile_version
                     AND coalesce(p.profile->>'marker', 'none') <> 'none'))
-RETURNING delivery_mode, bandwidth_limit;
+RETURNING delivery_mode, bandwidth_limit, max_sessions;

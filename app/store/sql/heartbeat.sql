@@ -6,11 +6,11 @@
 -- same host:pid is a new one (a container restarted with the same hostname runs as pid 1 again), and the
 -- pid being in use again means the old one is gone: the new process takes the row over, rather than
 -- staying invisible to `exports processes` and `exports health --require` until the old row is pruned.
-INSERT INTO process_heartbeats AS h (process_id, role, host, pid, version, started_at, beat_at)
-VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(version)s, %(started_at)s, clock_timestamp())
+INSERT INTO process_heartbeats AS h (process_id, role, host, pid, version, started_at, beat_at, parent_pid)
+VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(version)s, %(started_at)s, clock_timestamp(), %(parent_pid)s)
 ON CONFLICT (process_id) DO UPDATE
 SET beat_at = clock_timestamp(), version = EXCLUDED.version, role = EXCLUDED.role,
-    started_at = EXCLUDED.started_at, stopped_at = NULL
+    started_at = EXCLUDED.started_at, stopped_at = NULL, parent_pid = EXCLUDED.parent_pid
 WHERE (h.stopped_at IS NULL AND h.started_at = EXCLUDED.started_at) OR EXCLUDED.started_at > h.started_at
 RETURNING process_id;
 
@@ -24,7 +24,7 @@ RETURNING process_id;
 -- name: heartbeat_list
 -- Every recorded process with its age, and for a worker the attempts it holds now (claimed_by is
 -- host:pid:thread, so its prefix names the process).
-SELECT h.process_id, h.role, h.host, h.pid, h.version, h.started_at, h.beat_at, h.stopped_at,
+SELECT h.process_id, h.role, h.host, h.pid, h.parent_pid, h.version, h.started_at, h.beat_at, h.stopped_at,
        extract(epoch FROM clock_timestamp() - h.beat_at) AS silent_seconds,
        coalesce(array_agg(j.attempt_id ORDER BY j.attempt_id) FILTER (WHERE j.attempt_id IS NOT NULL), '{}')
            AS attempts

@@ -97,14 +97,15 @@ ORDER BY c.occurred_at, c.id;
 -- One request's answer, recorded under its claim's attempt number whoever holds the delivery now, and
 -- the delivery's next state in the same statement: delivered on a 2xx (answering any claim: the receiver
 -- has the event); otherwise, only while this claim is still the delivery's latest, due again after the
--- backoff, or dead once that next try would fall past the give-up horizon (counted from the outcome).
+-- backoff, or dead once that next try would fall past the give-up horizon (counted from the outcome, or
+-- from an operator's redelivery).
 WITH attempt AS (
     INSERT INTO webhook_attempts (delivery_id, attempt, sender, started_at, http_status, error)
     VALUES (%(delivery_id)s, %(attempt)s, %(sender)s, %(started_at)s, %(http_status)s, %(error)s)),
 next AS (
     SELECT id,
            CASE WHEN %(delivered)s THEN 'delivered'
-                WHEN occurred_at + make_interval(secs => %(give_up_seconds)s)
+                WHEN coalesce(revived_at, occurred_at) + make_interval(secs => %(give_up_seconds)s)
                      < clock_timestamp() + make_interval(secs => %(retry_in_seconds)s) THEN 'dead'
                 ELSE 'pending' END AS state
     FROM webhook_deliveries
@@ -129,3 +130,25 @@ SET attempts = d.attempts - 1, next_attempt_at = clock_timestamp()
 FROM unnest(%(delivery_ids)s::uuid[], %(attempts)s::int[]) AS c (id, attempt)
 WHERE d.id = c.id AND d.state = 'pending' AND d.attempts = c.attempt
 RETURNING d.id;
+
+-- name: webhooks_dead_deliveries
+-- What `webhook redeliver --dry-run` would send again: the endpoint's given-up deliveries since a time.
+SELECT d.id, d.job_id, d.status, d.occurred_at, d.finished_at
+FROM webhook_deliveries d
+WHERE d.tenant_id = %(tenant_id)s AND d.endpoint_id = %(endpoint_id)s AND d.state = 'dead'
+  AND (%(since)s::timestamptz IS NULL OR d.occurred_at >= %(since)s::timestamptz)
+ORDER BY d.occurred_at, d.id;
+
+-- name: webhooks_redeliver
+-- An operator sends again what was given up: each dead delivery of the live endpoint since a time is
+-- pending and due at once, under its id, its horizon counted from now. Only dead ones (a delivered,
+-- dropped or pending delivery is left as it is), and only while the endpoint is live: a removed
+-- endpoint's would be dropped at their claim anyway.
+UPDATE webhook_deliveries d
+SET state = 'pending', next_attempt_at = clock_timestamp(), finished_at = NULL,
+    revived_at = clock_timestamp(), revived_by = %(revived_by)s
+FROM webhook_endpoints e
+WHERE e.tenant_id = %(tenant_id)s AND e.id = %(endpoint_id)s AND e.removed_at IS NULL
+  AND d.tenant_id = e.tenant_id AND d.endpoint_id = e.id AND d.state = 'dead'
+  AND (%(since)s::timestamptz IS NULL OR d.occurred_at >= %(since)s::timestamptz)
+RETURNING d.id, d.job_id, d.status, d.occurred_at;

@@ -96,3 +96,49 @@ def test_a_stop_request_recorded_before_the_watch_began_is_found_at_once(seed, c
     watcher.watch(job.id, job.attempt_id, stop)
 
     assert stop.wait(60) and stop.reason is StopReason.STOP_REQUESTED
+
+
+def _counting_checks(monkeypatch) -> list[set]:
+    """The jobs of each check of the rows from now on (a poll, or a confirmation of some)."""
+    from app.store import worker as worker_reads
+
+    checks, real = [], worker_reads.confirm_stops
+
+    def counted(conn, attempts):
+        checks.append(set(attempts))
+        return real(conn, attempts)
+
+    monkeypatch.setattr(worker_reads, "confirm_stops", counted)
+    return checks
+
+
+def test_a_listening_watchers_new_watch_costs_no_query_and_a_quiet_spell_no_poll(seed, watcher_factory, monkeypatch):
+    first, second = seed.running(), seed.running()
+    watcher = watcher_factory(poll_seconds=60)
+    with watcher.watch(first.id, first.attempt_id, StopSignal()):
+        wait_until(lambda: watcher.polls >= 1, "the first check, as it connected")
+    checks = _counting_checks(monkeypatch)
+    in_flight = watcher.watch(second.id, second.attempt_id, StopSignal())
+    ticks = watcher.ticks
+    wait_until(lambda: watcher.ticks >= ticks + 3, "the watcher's loop to go round with the watch registered")
+    in_flight.close()
+
+    assert checks == [] and watcher.polls == 1
+
+
+def test_a_stop_notified_before_its_watch_was_registered_is_confirmed_at_registration(
+        seed, conn, watcher_factory, monkeypatch):
+    running, job = seed.running(), seed.running()
+    watcher = watcher_factory(poll_seconds=60)
+    watcher.watch(running.id, running.attempt_id, StopSignal())
+    wait_until(lambda: watcher.polls >= 1, "the first check, as it connected")
+    checks = _counting_checks(monkeypatch)
+
+    _stop(conn, job)   # between the claim and the watch: nobody watches it yet
+    ticks = watcher.ticks
+    wait_until(lambda: watcher.ticks >= ticks + 3, "the watcher's loop to hear the notification")
+    stop = StopSignal()
+    watcher.watch(job.id, job.attempt_id, stop)
+
+    assert stop.wait(60) and stop.reason is StopReason.STOP_REQUESTED
+    assert checks == [{job.id}] and watcher.polls == 1

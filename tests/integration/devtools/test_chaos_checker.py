@@ -116,7 +116,7 @@ class World:
 
     def publish(self) -> None:
         """The relay's pass: every due row published (a deferral's later wake-up waits)."""
-        due = relay.claim_batch(self.dispatcher, batch_size=10_000)
+        due = relay.claim_batch(self.dispatcher, batch_size=10_000).rows
         relay.mark_published(self.dispatcher, message_ids=[m.message_id for m in due])
 
 

@@ -229,16 +229,19 @@ def test_a_wake_up_not_yet_due_is_scheduled_not_late_and_the_relay_knows_when_it
     assert _defer(seed, job, delay=120.0) == 1
 
     backlog = store_metrics.backlog(seed.conn)
-    with Database(db_url, Role.DISPATCHER) as dispatcher, dispatcher.connection() as conn:
-        due_in = relay_store.seconds_until_next_due(conn)
+    with Database(db_url, Role.DISPATCHER) as dispatcher, dispatcher.connection() as conn, \
+            conn.transaction(force_rollback=True):
+        batch = relay_store.claim_batch(conn, batch_size=200)
 
-    # The creation's wake-up is due (and unpublished: no relay ran); the deferral's is scheduled.
+    # The creation's wake-up is due (and unpublished: no relay ran); the deferral's is scheduled, and
+    # the batch that takes the first says when the second falls due.
     assert (backlog.unpublished, backlog.scheduled, backlog.deferred_jobs) == (1, 1, 1)
-    assert due_in is not None and due_in <= 0   # the creation's row is due already
+    assert [row.due_at for row in batch.rows] == [None]
+    assert batch.next_due_seconds is not None and 100 < batch.next_due_seconds <= 120
     with Database(db_url, Role.DISPATCHER) as dispatcher:
         broker = StubBroker()
         broker.declare_queue("exports")
         assert Relay(Settings(database_url=db_url), dispatcher, broker).run_once() == 1
-        with dispatcher.connection() as conn:
-            due_in = relay_store.seconds_until_next_due(conn)
-    assert 100 < due_in <= 120
+        with dispatcher.connection() as conn, conn.transaction(force_rollback=True):
+            batch = relay_store.claim_batch(conn, batch_size=200)
+    assert batch.rows == [] and batch.next_due_seconds is not None and 100 < batch.next_due_seconds <= 120

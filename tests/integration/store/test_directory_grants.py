@@ -14,6 +14,7 @@ DESTINATION_UPDATABLE = {
     "active", "profile_version", "file_sequence", "host_key", "more_host_keys", "delivery_mode", "bandwidth_limit",
     "credential_ref", "remote_hash", "acknowledgments", "name_and_size_identify", "read_back",   # edit
     "pause_state", "paused_by", "paused_reason", "paused_at",                                     # pause, drain
+    "max_sessions",                                                                               # edit (0015)
 }
 TENANT_UPDATABLE = {"paused_by", "paused_reason", "paused_at"}
 

@@ -97,3 +97,23 @@ def test_the_heartbeat_thread_beats_at_once_and_records_its_stop(app_db, conn):
 
     [record] = heartbeat.processes(conn)
     assert record.identity.role == "scheduler" and record.stopped_at is not None
+
+
+def test_a_worker_process_records_the_pid_to_signal_and_a_process_taking_its_row_over_records_its_own(conn):
+    me = dataclasses.replace(_identity(), parent_pid=100)
+    heartbeat.beat(conn, me)
+    [first] = heartbeat.processes(conn)
+    successor = dataclasses.replace(me, started_at=datetime.now(UTC), parent_pid=200)
+    heartbeat.beat(conn, successor)
+    [second] = heartbeat.processes(conn)
+
+    assert (first.identity.parent_pid, second.identity.parent_pid) == (100, 200)
+
+
+def test_a_worker_names_its_parent_as_the_process_to_signal_and_the_other_roles_name_none():
+    import os
+
+    from app.heartbeat import identity
+
+    assert identity("worker").parent_pid == os.getppid()
+    assert [identity(role).parent_pid for role in ("relay", "scheduler", "notifier")] == [None, None, None]

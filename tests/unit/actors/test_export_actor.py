@@ -71,9 +71,9 @@ def test_the_export_actor_has_no_time_limit_and_bounded_retries_with_backoff(bro
 
 
 @pytest.mark.parametrize("url, broker_class", [
-    ("redis://127.0.0.1:1/0", "RedisBroker"),          # unreachable on purpose: nothing may connect at import
+    ("redis://127.0.0.1:1/0", "WakingRedisBroker"),    # unreachable on purpose: nothing may connect at import
     ("amqp://guest:guest@127.0.0.1:1/%2F", "RabbitmqBroker"),
-    ("", "RedisBroker"),                               # the embedded Redis, started on first use only
+    ("", "WakingRedisBroker"),                         # the embedded Redis, started on first use only
 ])
 def test_importing_the_worker_entry_point_installs_the_broker_from_the_environment_and_declares_the_actor(
         tmp_path, url, broker_class):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from app.cli import main as cli_main
-from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_REFUSED, CliError, Parser
+from app.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_REFUSED, EXIT_UNHEALTHY, CliError, Parser
 from app.cli.main import COMMAND_MODULES, build_parser, main
 from app.config import ConfigError
 from app.store.errors import ChangedUnderLock
@@ -107,6 +107,49 @@ def test_a_hostile_argument_is_refused_by_the_parser_before_any_handler_runs(cap
 
     assert code == EXIT_BAD_INPUT
     assert len(err.splitlines()) == 1 and "not valid UTF-8" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["show", "not-a-uuid", "--tenant", "acme", "--json"], "exports show: error: argument JOB: not a UUID"),
+    (["list", "--json", "--bogus"], "exports: error: unrecognized arguments: --bogus"),
+    (["cancel", "--json"], "exports cancel: error: the following arguments are required"),
+])
+def test_a_usage_error_with_json_on_the_command_line_is_one_json_object(capsys, argv, said):
+    code, out, err = _run(capsys, *argv)
+
+    assert (code, out) == (EXIT_BAD_INPUT, "")
+    [line] = err.splitlines()
+    document = json.loads(line)
+    assert document["exit_code"] == EXIT_BAD_INPUT and document["error"].startswith(said)
+
+
+def test_a_usage_error_without_json_is_argparses_one_line_and_json_after_a_double_dash_is_an_argument(capsys):
+    code, _, err = _run(capsys, "list", "--bogus")
+    assert (code, err) == (EXIT_BAD_INPUT, "exports: error: unrecognized arguments: --bogus\n")
+
+    code, _, err = _run(capsys, "list", "--bogus", "--", "--json")
+    assert code == EXIT_BAD_INPUT and err.startswith("exports: error: unrecognized arguments: --bogus")
+
+
+def test_an_unhealthy_deployment_exits_with_its_own_code_not_a_crashs(capsys, monkeypatch):
+    monkeypatch.setenv("EXPORTS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    monkeypatch.setenv("EXPORTS_BROKER_URL", "redis://127.0.0.1:1/0")
+
+    code, out, err = _run(capsys, "health", "--json")
+
+    assert (code, err) == (EXIT_UNHEALTHY, "")
+    document = json.loads(out)
+    assert document["healthy"] is False
+    assert document["checks"][0]["detail"].startswith("cannot connect: OperationalError: ")
+
+
+def test_a_liveness_probe_of_a_process_whose_metrics_are_off_is_bad_input_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("EXPORTS_RELAY_METRICS", "off")
+
+    code, out, err = _run(capsys, "health", "--process", "relay")
+
+    assert (code, out) == (EXIT_BAD_INPUT, "")
+    assert err == "exports: error: EXPORTS_RELAY_METRICS is off: the relay serves no endpoint to probe\n"
 
 
 def _must_not_run(ctx, args):

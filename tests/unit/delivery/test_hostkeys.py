@@ -240,3 +240,25 @@ def test_the_destination_config_pins_its_host_key_and_every_further_one() -> Non
     with pytest.raises(HostKeyError):
         DestinationConfig(host="127.0.0.1", port=2222, username="p", remote_dir="/inbox", credential_ref="env:PW",
                           host_key=LINE, more_host_keys=(f"[127.0.0.1]:22 ssh-rsa {other.get_base64()}",))
+
+
+def test_a_pinned_line_is_parsed_once_per_process_and_a_rotated_line_anew(monkeypatch) -> None:
+    parse_host_key.cache_clear()
+    parsed, real = [], paramiko.PKey.from_type_string
+
+    def counted(keytype, data):
+        parsed.append(keytype)
+        return real(keytype, data)
+
+    def config(line: str) -> DestinationConfig:   # as each delivery builds it from the job's row
+        return DestinationConfig(host="127.0.0.1", port=2222, username="p", remote_dir="/inbox",
+                                 credential_ref="env:PW", host_key=line)
+
+    monkeypatch.setattr(paramiko.PKey, "from_type_string", counted)
+    first = config(LINE).pinned_keys()
+    assert config(LINE).pinned_keys().keys == first.keys and parsed == ["ssh-ed25519"]
+
+    rotated = paramiko.RSAKey.generate(1024)
+    now = config(f"[127.0.0.1]:2222 ssh-rsa {rotated.get_base64()}").pinned_keys()
+    assert now.accepts(rotated) and not first.accepts(rotated)
+    assert parsed == ["ssh-ed25519", "ssh-rsa"]
