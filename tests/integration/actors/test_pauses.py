@@ -4,6 +4,7 @@ a drain lets the running attempt finish while a queued one waits, then pauses th
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from app.actors.runner import RunOutcome
@@ -148,9 +149,8 @@ def test_pause_and_resume_match_nothing_for_another_tenants_destination(worker):
 
 
 def test_a_resume_gives_no_wake_up_to_an_export_that_left_the_queue(worker):
-    job = worker.queued()
+    job = worker.seed.running(worker.queued())
     assert _pause(worker)
-    worker.seed.running(job)
     before = len(worker.seed.outbox(job))
 
     assert _resume(worker) == pausing.Resumed(resumed=True, woken=0)
@@ -160,11 +160,10 @@ def test_a_resume_gives_no_wake_up_to_an_export_that_left_the_queue(worker):
 @pytest.mark.parametrize("statement", ["UPDATE directory_events SET reason = 'rewritten'",
                                        "DELETE FROM directory_events"])
 def test_directory_events_are_append_only_for_the_application_and_the_owner(worker, statement):
-    import psycopg
-
     assert _pause(worker)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         worker.conn.execute(statement)
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="is not allowed"):
         worker.admin.execute(statement)
     assert [kind for kind, _, _ in _events(worker)] == ["Paused"]
+
