@@ -82,6 +82,7 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
                       "recorded_at": e.recorded_at} for e in events if e.kind == "DeliveryEvidence"],
         "outbox": [dataclasses.asdict(o) for o in outbox],
         "webhooks": [dataclasses.asdict(w) for w in history.webhooks],
+        "held_by": history.held_by,
     }
     if ctx.json:
         emit(ctx, "", data)
@@ -91,6 +92,8 @@ def show(ctx: Context, args: argparse.Namespace) -> int:
              f"attempts {job.attempt_count}  created by {job.created_by}",
              f"  delivery key {job.delivery_key}"
              + (f"  replaces {job.replaces_job_id} ({job.replacement_reason})" if job.replaces_job_id else "")]
+    if history.held_by:
+        lines.append(f"  held: it waits for a resume of {history.held_by}")
     if job.schedule_id:
         since = ("changes since snapshot " + job.incremental_since if job.incremental_since
                  else "everything (its schedule's first run)") if job.incremental else "a full export"

@@ -14,6 +14,8 @@ class Tenant(peewee.Model):
     id = peewee.UUIDField(primary_key=True)
     name = peewee.TextField()
     created_at = peewee.DateTimeField()
+    paused_by = peewee.TextField(null=True)
+    paused_at = peewee.DateTimeField(null=True)
 
     class Meta:
         table_name = "tenants"
@@ -42,6 +44,9 @@ class Destination(peewee.Model):
     more_host_keys = peewee.TextField()   # text[]; read through app.store.directory
     delivery_mode = peewee.TextField()
     bandwidth_limit = peewee.BigIntegerField(null=True)
+    pause_state = peewee.TextField(null=True)
+    paused_by = peewee.TextField(null=True)
+    paused_at = peewee.DateTimeField(null=True)
 
     class Meta:
         table_name = "destinations"

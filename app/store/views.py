@@ -169,6 +169,8 @@ class JobHistory:
     cancellation_requests: list[CancellationRequest]
     outbox: list[OutboxEntry]
     webhooks: list[JobWebhook]
+    #: What holds a Queued export now (its tenant paused, its destination paused or draining), or None.
+    held_by: str | None = None
 
 
 #: The failures that finalized no file, after which an export may be replaced (export_create_replacement).
@@ -344,7 +346,20 @@ class Views:
                                             .order_by(C.recorded_at)),
             outbox=self._all(OutboxEntry, _select(M, OutboxEntry).where(M.job_id == job.id).order_by(M.created_at)),
             webhooks=self._webhooks(job),
+            held_by=self._held_by(job) if job.status == Status.QUEUED.value else None,
         )
+
+    def _held_by(self, job: Job) -> str | None:
+        T, D = models.Tenant, models.Destination
+        tenant = T.select(T.paused_by, T.paused_at).where(T.id == job.tenant_id).dicts().bind(self._db).first()
+        if tenant and tenant["paused_at"] is not None:
+            return f"its tenant, paused by {tenant['paused_by']} at {tenant['paused_at']:%Y-%m-%d %H:%M:%S}"
+        dest = (D.select(D.pause_state, D.paused_by, D.paused_at).where(D.id == job.destination_id)
+                .dicts().bind(self._db).first())
+        if dest and dest["pause_state"] is not None:
+            return (f"its destination, {dest['pause_state']} by {dest['paused_by']} at "
+                    f"{dest['paused_at']:%Y-%m-%d %H:%M:%S}")
+        return None
 
     def _webhooks(self, job: Job) -> list[JobWebhook]:
         W, E = models.WebhookDelivery, models.WebhookEndpoint

@@ -159,3 +159,24 @@ def test_create_for_a_paused_tenant_still_queues_and_says_it_waits(exports_cli, 
     exports_cli("tenant", "resume", "Initech")
     assert exports_cli("create", "--tenant", "Initech", "--destination", "partner", "--by", "alice",
                        "--json").json["held"] is None
+
+
+def test_exports_show_says_what_holds_a_queued_export_until_the_resume(exports_cli, seed, tenant):
+    job = seed.queued(tenant.id, tenant.destination_id)
+
+    def held_by() -> str | None:
+        return exports_cli("show", str(job.id), "--tenant", "Initech", "--json").json["held_by"]
+
+    before = held_by()
+    exports_cli(*PAUSE)
+    by_destination = held_by()
+    text = exports_cli("show", str(job.id), "--tenant", "Initech").stdout
+    exports_cli("tenant", "pause", "Initech", "--by", "ops-bob")
+    by_tenant = held_by()
+    exports_cli("tenant", "resume", "Initech", "--by", "ops-bob")
+    exports_cli("destination", "resume", "--tenant", "Initech", "--destination", "partner")
+
+    assert before is None and held_by() is None
+    assert by_destination.startswith("its destination, paused by ops-alice at ")
+    assert "held: it waits for a resume of its destination" in text
+    assert by_tenant.startswith("its tenant, paused by ops-bob at ")
