@@ -123,7 +123,7 @@ def ours(url: str, jobs: int, tenant: uuid.UUID, destination: uuid.UUID, *, runn
         published: list[uuid.UUID] = []
         while True:
             with dispatcher.connection() as relay_conn, relay_conn.transaction():
-                rows = relay_store.claim_batch(relay_conn, batch_size=RELAY_BATCH)
+                rows = relay_store.claim_batch(relay_conn, batch_size=RELAY_BATCH).rows
                 if rows:
                     relay_store.mark_published(relay_conn, message_ids=[r.message_id for r in rows])
             published += [r.job_id for r in rows]
