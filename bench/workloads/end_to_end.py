@@ -354,6 +354,7 @@ def _notes(outcome: Outcome, runs: dict[str, list[SideRun]], ctx: Context, acces
         "DATABASE elsewhere writes its template into the WAL in one transaction: on a shared server, read WAL "
         "per export against the idle system's WAL rate, and each run's costs below.",
     ]
+    outcome.notes += _gap(runs)
     for name, side_runs in runs.items():
         outcome.notes.append(f"{name}: outcome of every export created: "
                              + ", ".join(f"run {i + 1}: {r.statuses}" for i, r in enumerate(side_runs)))
@@ -365,6 +366,27 @@ def _notes(outcome: Outcome, runs: dict[str, list[SideRun]], ctx: Context, acces
         for name, rs in runs.items() for i, r in enumerate(rs))
     outcome.series["completed exports vs seconds"] = {
         f"{name} {i + 1}": [(t, c) for t, c in r.timeline] for name, rs in runs.items() for i, r in enumerate(rs)}
+
+
+def _gap(runs: dict[str, list[SideRun]]) -> list[str]:
+    """Where the gap to Procrastinate lies, from this run's medians: the system around the protocol (ours
+    against the protocol floor) and the protocol's own statements (the floor against Procrastinate)."""
+    names = (OURS, "protocol floor", "Procrastinate")
+    if not all(runs.get(name) for name in names):
+        return []
+    ours, floor, peer = (statistics.median(r.rate for r in runs[name]) for name in names)
+    py_ours, py_floor = _median(runs[OURS], "cpu_python_ms"), _median(runs["protocol floor"], "cpu_python_ms")
+    pg_floor, pg_peer = (_median(runs[n], "cpu_postgresql_ms") for n in ("protocol floor", "Procrastinate"))
+    tx_floor, tx_peer = (_median(runs[n], "transactions") for n in ("protocol floor", "Procrastinate"))
+    line = (f"Where the gap to Procrastinate lies: ours runs at {ours / floor:.2f}x the protocol floor (the system "
+            f"around the protocol: Python {py_ours:.2f} ms per export against the floor's {py_floor:.2f}), and the "
+            f"floor itself at {floor / peer:.2f}x Procrastinate (the protocol's statements: PostgreSQL "
+            f"{pg_floor:.2f} ms per export against Procrastinate's {pg_peer:.2f}, {tx_floor:.1f} transactions "
+            f"against {tx_peer:.1f}).")
+    if 1.2 * peer > floor:
+        line += (f" Ours at 1.2x Procrastinate would need {1.2 * peer / floor:.2f}x the floor: more than the "
+                 "protocol with nothing around it, so no cut in the system alone reaches it.")
+    return [line]
 
 
 END_TO_END = Workload(
