@@ -33,7 +33,7 @@ from app.store.views import AttemptEvent, JobSummary, Views
 
 #: Status order for counts: the job's life, left to right.
 STATUS_ORDER = [s.value for s in Status]
-HEADERS = ["created", "export", "tenant", "destination", "status", "reason", "ver", "tries", "by"]
+HEADERS = ["created", "export", "tenant", "destination", "status", "reason", "ver", "tries", "by", "schedule"]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -41,13 +41,16 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "Show one export: its row, attempt events, cancellation requests, delivery evidence and outbox.")
     p.set_defaults(handler=show)
 
-    p = command(commands, "list", help_="list exports (by tenant, destination, status, time; a page at a time)",
+    p = command(commands, "list",
+                help_="list exports (by tenant, destination, schedule, status, time; a page at a time)",
                 description="List exports, newest first, --limit at a time. A full page ends with the cursor of "
                             "the next: --after the last export listed (jobs created meanwhile never shift a page). "
                             "Times are ISO 8601, UTC without an offset; --since is inclusive, --until exclusive, "
                             "both on the export's creation.", exits=(EXIT_NOT_FOUND,))
     p.add_argument("--tenant", type=name, help="tenant id or exact name")
     p.add_argument("--destination", type=name, help="destination id or exact name (with --tenant)")
+    p.add_argument("--schedule", type=uuid_arg, metavar="SCHEDULE", help="only the exports this schedule made "
+                   "(with --tenant)")
     p.add_argument("--status", type=status_arg, help=f"one of: {', '.join(s.value for s in Status)}")
     p.add_argument("--since", type=time_arg, metavar="TIME", help="created at or after TIME")
     p.add_argument("--until", type=time_arg, metavar="TIME", help="created before TIME")
@@ -144,17 +147,21 @@ def _outcome_of(event: AttemptEvent) -> dict[str, Any]:
 
 def _rows(jobs: list[JobSummary]) -> list[list[Any]]:
     return [[j.created_at, j.id, j.tenant_name, j.destination_name, j.status, j.failure_reason or "", j.version,
-             j.attempt_count, j.created_by] for j in jobs]
+             j.attempt_count, j.created_by, str(j.schedule_id)[:8] if j.schedule_id else ""] for j in jobs]
 
 
 def list_jobs(ctx: Context, args: argparse.Namespace) -> int:
     if args.destination and not args.tenant:
         raise bad_input("--destination needs --tenant: a destination's name is its tenant's")
+    if args.schedule and not args.tenant:
+        raise bad_input("--schedule needs --tenant: a schedule is its tenant's")
     if args.since and args.until and args.since >= args.until:
         raise bad_input("--since must be before --until")
     views = ctx.views()
     tenant = cli_lookup.tenant(views, args.tenant) if args.tenant else None
     destination = cli_lookup.destination(views, tenant, args.destination) if tenant and args.destination else None
+    if tenant and args.schedule and views.schedule(tenant.id, args.schedule) is None:
+        raise not_found(f"no schedule {args.schedule} in tenant {tenant.name!r}")
     after = None
     if args.after:
         after = views.job_position(args.after, tenant_id=tenant.id if tenant else None)
@@ -162,10 +169,10 @@ def list_jobs(ctx: Context, args: argparse.Namespace) -> int:
             raise not_found(f"no export {args.after}" + (f" in tenant {tenant.name!r}" if tenant else ""))
     found = views.jobs(tenant_id=tenant.id if tenant else None, status=args.status, limit=args.limit,
                        destination_id=destination.id if destination else None, since=args.since, until=args.until,
-                       after=after)
+                       after=after, schedule_id=args.schedule)
     data = [{"job_id": j.id, "tenant": j.tenant_name, "destination": j.destination_name, "status": j.status,
              "failure_reason": j.failure_reason, "version": j.version, "attempt_count": j.attempt_count,
-             "created_by": j.created_by, "created_at": j.created_at} for j in found]
+             "created_by": j.created_by, "created_at": j.created_at, "schedule_id": j.schedule_id} for j in found]
     text = table(HEADERS, _rows(found)) if found else "no exports"
     if len(found) == args.limit:
         text += f"\n(a full page: the next one is --after {found[-1].id})"

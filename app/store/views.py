@@ -213,6 +213,8 @@ class JobSummary:
     attempt_count: int
     created_by: str
     created_at: datetime
+    #: The schedule that made it; None for an export someone created.
+    schedule_id: UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -371,14 +373,14 @@ class Views:
 
     def jobs(self, *, tenant_id: UUID | None = None, status: Status | None = None, limit: int,
              destination_id: UUID | None = None, since: datetime | None = None, until: datetime | None = None,
-             after: JobPosition | None = None) -> list[JobSummary]:
+             after: JobPosition | None = None, schedule_id: UUID | None = None) -> list[JobSummary]:
         """Exports newest first, of one tenant or all: an index scan of (tenant, created_at), (status,
-        created_at) or created_at that stops at ``limit``, however long the history. ``since`` (inclusive)
-        and ``until`` (exclusive) bound created_at; ``after`` continues a listing after a job it showed
-        (a keyset cursor: rows created meanwhile never shift a page)."""
+        created_at), (schedule, created_at) or created_at that stops at ``limit``, however long the history.
+        ``since`` (inclusive) and ``until`` (exclusive) bound created_at; ``after`` continues a listing after
+        a job it showed (a keyset cursor: rows created meanwhile never shift a page)."""
         J, T, D = models.ExportJob, models.Tenant, models.Destination
         query = (J.select(J.id, T.name.alias("tenant_name"), D.name.alias("destination_name"), J.status,
-                          J.failure_reason, J.version, J.attempt_count, J.created_by, J.created_at)
+                          J.failure_reason, J.version, J.attempt_count, J.created_by, J.created_at, J.schedule_id)
                  .join(T, on=(T.id == J.tenant_id))
                  .switch(J)
                  .join(D, peewee.JOIN.LEFT_OUTER, on=(D.id == J.destination_id)))
@@ -388,6 +390,8 @@ class Views:
             query = query.where(J.status == status.value)
         if destination_id is not None:
             query = query.where(J.destination_id == destination_id)
+        if schedule_id is not None:
+            query = query.where(J.schedule_id == schedule_id)
         if since is not None:
             query = query.where(J.created_at >= since)
         if until is not None:

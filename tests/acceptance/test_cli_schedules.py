@@ -126,3 +126,30 @@ def test_schedule_show_says_an_incremental_schedules_next_run_waits_for_an_outco
     assert "Held" in shown and "Created" in shown
     one_line_error(held)
     assert "must settle first" in held.stderr
+
+
+def test_list_shows_which_schedule_made_an_export_and_lists_one_schedules_exports(exports_cli, seed, tenant):
+    schedule_id = exports_cli(*ADD, "--cron", "0 2 * * *", "--timezone", "UTC", "--json").json["schedule_id"]
+    scheduled = exports_cli("schedule", "run-now", schedule_id, "--tenant", "Initech", "--by", "alice",
+                            "--json").json["job_id"]
+    by_hand = str(seed.queued(tenant.id, tenant.destination_id).id)
+
+    listed = {row["job_id"]: row["schedule_id"] for row in exports_cli("list", "--tenant", "Initech", "--json").json}
+    text = exports_cli("list", "--tenant", "Initech").stdout
+    only = exports_cli("list", "--tenant", "Initech", "--schedule", schedule_id, "--json").json
+
+    assert listed == {scheduled: schedule_id, by_hand: None}
+    assert "schedule" in text.splitlines()[0] and schedule_id[:8] in text
+    assert [row["job_id"] for row in only] == [scheduled]
+
+
+@pytest.mark.parametrize("argv, code, said", [
+    (("--schedule", str(uuid.UUID(int=5))), EXIT_BAD_INPUT, "--schedule needs --tenant"),
+    (("--tenant", "Initech", "--schedule", str(uuid.UUID(int=5))), EXIT_NOT_FOUND, "no schedule"),
+    (("--tenant", "Initech", "--schedule", "nightly"), EXIT_BAD_INPUT, "not a UUID"),
+])
+def test_list_by_a_missing_or_malformed_schedule_is_one_line_with_its_exit_code(exports_cli, tenant, argv, code, said):
+    result = exports_cli("list", *argv, expect=code)
+
+    one_line_error(result)
+    assert said in result.stderr
