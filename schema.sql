@@ -698,6 +698,10 @@ CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (next_attempt_at) W
 CREATE INDEX ix_webhook_deliveries_job ON webhook_deliveries (job_id);
 CREATE INDEX ix_webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, occurred_at);
 CREATE INDEX ix_webhook_deliveries_dead ON webhook_deliveries (endpoint_id, finished_at) WHERE state = 'dead';
+-- The notifier takes one delivery per endpoint at a time: each endpoint's next (its failing one first, then
+-- the oldest) by this index.
+CREATE INDEX ix_webhook_deliveries_endpoint_turn ON webhook_deliveries (endpoint_id, attempts DESC, next_attempt_at, id)
+    WHERE state = 'pending';
 ALTER TABLE webhook_deliveries SET (autovacuum_vacuum_scale_factor = 0.0, autovacuum_vacuum_threshold = 1000,
                                     autovacuum_analyze_scale_factor = 0.02, fillfactor = 80);
 
@@ -806,4 +810,4 @@ GRANT SELECT (id, tenant_id, delivery_key, attempt_count, expected_file_bytes, e
 GRANT SELECT (tenant_id, delivery_key, file_name) ON deliveries TO exports_notifier;
 
 -- The version this file is: the number of the last migration in app/store/migrations/.
-INSERT INTO schema_version (version) VALUES (15);
+INSERT INTO schema_version (version) VALUES (16);

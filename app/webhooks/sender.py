@@ -1,7 +1,9 @@
 """The notifier: sends the webhook deliveries the outcome statements wrote, as ``exports_notifier``.
 
 A pass claims a batch of due deliveries (``webhooks_claim_batch``: a lease committed before any request,
-``FOR UPDATE SKIP LOCKED``, so any number of notifiers and threads share the work), then for each renders
+``FOR UPDATE SKIP LOCKED``, so any number of notifiers and threads share the work; endpoints take turns,
+one delivery each at a time, and an endpoint that failed rests until its failing delivery's retry, so a slow
+or dead receiver never holds the other tenants' events), then, all at once, for each renders
 its body, signs it with the endpoint's secret as read now, POSTs it and records the answer with the
 delivery's next state in one statement (``webhooks_record_attempt``): delivered on a 2xx; otherwise due
 again after an exponential backoff with jitter, or dead once that would fall past the give-up horizon.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -37,7 +40,7 @@ from app.webhooks.client import Answer, Poster
 
 log = logs.get(__name__)
 
-#: Seconds a claim's lease outlasts the worst case of its batch (each request's connect and read timeouts).
+#: Seconds a claim's lease outlasts its requests' connect and read timeouts (the batch's go out at once).
 LEASE_SLACK_SECONDS = 30.0
 #: Seconds to wait after a pass failed (the database unreachable) before the next.
 FAILURE_BACKOFF_SECONDS = 2.0
@@ -73,9 +76,11 @@ class SenderConfig:
 
     @property
     def lease_seconds(self) -> float:
-        """Long enough for a whole batch to time out request by request before another notifier may
-        claim its deliveries again."""
-        return self.batch_size * 2 * self.timeout_seconds + LEASE_SLACK_SECONDS
+        """Long enough for a batch's deliveries to be answered, or to time out, and be recorded before another
+        notifier may claim them again: the requests go out at once, so one request's connect and read
+        timeouts bound them, and the slack covers an answer waiting for a pooled connection. It is also
+        how long a killed notifier's claim keeps its endpoint's turn (a stopping one hands it back)."""
+        return 2 * self.timeout_seconds + LEASE_SLACK_SECONDS
 
 
 def backoff_seconds(attempt: int, config: SenderConfig, rng: random.Random | None = None) -> float:
@@ -101,6 +106,11 @@ class PassCounts:
     #: Claimed and handed back unsent, the notifier stopping.
     released: int = 0
 
+    def add(self, other: PassCounts) -> None:
+        """Adds what one delivery of the batch came to (its claim is already counted)."""
+        for name in ("delivered", "retrying", "dead", "dropped", "lost", "unrecorded", "released"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 @dataclass
 class Sender:
@@ -119,18 +129,30 @@ class Sender:
             raise ConfigError(f"the notifier runs as {Role.NOTIFIER.value}, not {self.db.role.value}")
 
     def run_once(self, stop_event: threading.Event | None = None) -> PassCounts:
-        """One batch: claimed and committed, then each sent and recorded on its own. Once ``stop_event``
-        is set, what is left of the batch is handed back unsent."""
+        """One batch, claimed and committed (at most one delivery per live endpoint: endpoints take turns),
+        then sent at once, each request on a thread of its own and each answer recorded on its own: a
+        receiver that holds its request past the timeout delays its own delivery, not the batch's others.
+        If ``stop_event`` is set before the requests go out, the batch is handed back unsent."""
         with self.db.connection() as conn:
             claimed = store.claim_batch(conn, batch_size=self.config.batch_size,
                                         lease_seconds=self.config.lease_seconds)
         counts = PassCounts(claimed=len(claimed))
-        for n, delivery in enumerate(claimed):
-            if stop_event is not None and stop_event.is_set():
-                self._hand_back(claimed[n:], counts)
-                break
-            with logs.bound(job_id=delivery.job_id, webhook_id=delivery.id):
-                self._one(delivery, counts)
+        if stop_event is not None and stop_event.is_set():
+            self._hand_back(claimed, counts)
+            return counts
+        if len(claimed) == 1:
+            counts.add(self._bound(claimed[0]))
+        elif claimed:
+            with ThreadPoolExecutor(max_workers=len(claimed), thread_name_prefix="exports-webhook") as pool:
+                for sent in pool.map(self._bound, claimed):
+                    counts.add(sent)
+        return counts
+
+    def _bound(self, delivery: store.Claimed) -> PassCounts:
+        """One delivery sent and recorded, its ids bound to every line about it; what it came to."""
+        counts = PassCounts()
+        with logs.bound(job_id=delivery.job_id, webhook_id=delivery.id):
+            self._one(delivery, counts)
         return counts
 
     def _hand_back(self, unsent: list[store.Claimed], counts: PassCounts) -> None:
@@ -198,8 +220,8 @@ class Sender:
     # -- the loop -------------------------------------------------------------------------------
 
     def run_forever(self, stop_event: threading.Event) -> None:
-        """``senders`` threads, each passing until a batch comes back short, then waiting the poll
-        interval; until ``stop_event`` is set. A failed pass is logged and tried again."""
+        """``senders`` threads, each passing until a pass claims nothing, then waiting the poll interval;
+        until ``stop_event`` is set. A failed pass is logged and tried again."""
         threads = [threading.Thread(target=self._loop, args=(stop_event,), name=f"exports-notifier-{n}",
                                     daemon=True) for n in range(self.config.senders)]
         for thread in threads:
@@ -215,7 +237,9 @@ class Sender:
                 log.warning("notifier.pass_failed", error=type(exc).__name__)
                 stop_event.wait(FAILURE_BACKOFF_SECONDS)
                 continue
-            if counts.claimed < self.config.batch_size:
+            if counts.claimed == 0:
+                # Endpoints take turns (one delivery each per pass), so a short batch is no sign that
+                # nothing is due: only an empty one is.
                 stop_event.wait(self.config.poll_seconds)
 
 
@@ -224,7 +248,9 @@ def run_forever(settings: Settings, url: str, stop_event: threading.Event) -> No
     entry point): a notifier-role pool, the HTTP client, the heartbeat, the metrics, the loop."""
     config = SenderConfig.from_settings(settings)
     poster = Poster(timeout_seconds=config.timeout_seconds)
-    with Database(url, Role.NOTIFIER, min_size=1, max_size=config.senders + 1, name="exports-notifier") as db:
+    # A connection per sender for its claims, and as many for the answers of its batch, recorded as they come
+    # (an answer waits a moment for one rather than open a connection per request in flight).
+    with Database(url, Role.NOTIFIER, min_size=1, max_size=2 * config.senders + 1, name="exports-notifier") as db:
         beating = Heartbeat(db, "notifier", interval_seconds=settings.heartbeat_seconds).start()
         try:
             metrics.serve(settings.notifier_metrics)

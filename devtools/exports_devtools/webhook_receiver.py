@@ -50,6 +50,7 @@ class WebhookReceiver:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._received: list[Received] = []
+        self._arrived: list[str | None] = []
         self._release = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -102,6 +103,11 @@ class WebhookReceiver:
                 found.setdefault(request.event_id, []).append(request)
         return found
 
+    def arrived(self) -> list[str | None]:
+        """The event id of every request that reached it, in order, answered or still held."""
+        with self._lock:
+            return list(self._arrived)
+
     def delivered(self) -> set[str]:
         """The ids some verified request of which was answered 2xx: the events a receiver has."""
         return {r.event_id for r in self.received() if r.event_id is not None and 200 <= r.answered < 300}
@@ -118,6 +124,7 @@ class WebhookReceiver:
         with self._lock:
             mode = self.mode
             failing = mode == "failing" and self._rng.random() < self.failure_rate
+            self._arrived.append(event_id)
         status = 401 if problem else 503 if failing else 204
         if mode == "slow":
             self._release.wait(HOLD_LIMIT_SECONDS)

@@ -106,7 +106,7 @@ def pass_until(notifier: Sender, done, what: str, timeout: float = 30.0) -> Pass
     return total
 
 
-def test_a_receiver_down_then_slow_then_up_receives_every_event_signed_with_duplicates_under_one_id(
+def test_a_receiver_down_then_slow_then_up_receives_every_event_signed_its_failing_one_first_then_in_order(
         seed, conn, admin, notifier_db, receiver):
     tenant = seed.tenant("Acme")
     add_endpoint(conn, tenant, receiver.url)
@@ -118,16 +118,18 @@ def test_a_receiver_down_then_slow_then_up_receives_every_event_signed_with_dupl
 
     first = notifier.run_once()
 
-    assert (first.claimed, first.retrying, first.delivered) == (6, 6, 0)
-    assert {attempts(admin, i)[0]["error"] for i in ids} == {"the connection was refused or failed"}
+    assert (first.claimed, first.retrying, first.delivered) == (1, 1, 0), "the endpoint's turn: one event"
+    (failing,) = [i for i in ids if attempts(admin, i)]
+    assert attempts(admin, failing)[0]["error"] == "the connection was refused or failed"
+    assert notifier.run_once().claimed == 0, "the endpoint rests until its failing event's retry"
 
     receiver.mode = "slow"
     receiver.start()
-    pass_until(notifier, lambda: all(len(attempts(admin, i)) >= 2 for i in ids), "a timed-out try of every event")
-    assert {attempts(admin, i)[1]["error"] for i in ids} == {"no answer within the timeout"}
-    assert all(d["state"] == "pending" for d in deliveries(admin).values())
+    pass_until(notifier, lambda: len(attempts(admin, failing)) >= 2, "a timed-out try of the failing event")
+    assert attempts(admin, failing)[1]["error"] == "no answer within the timeout"
+    assert [i for i in ids if attempts(admin, i)] == [failing], "the others wait their turn, never tried"
     receiver.release()
-    wait_until(lambda: receiver.by_event().keys() >= ids, "the slow answers to be given")
+    wait_until(lambda: failing in receiver.by_event(), "the slow answer to be given")
 
     receiver.mode = "up"
     pass_until(notifier, lambda: all(d["state"] == "delivered" for d in deliveries(admin).values()),
@@ -136,15 +138,45 @@ def test_a_receiver_down_then_slow_then_up_receives_every_event_signed_with_dupl
     received = receiver.received()
     assert all(r.verified for r in received), [r.problem for r in received if not r.verified]
     assert receiver.delivered() == ids
-    for copies in receiver.by_event().values():
-        assert len(copies) >= 2, "each was received while slow, then again once up"
-        assert len({c.body for c in copies}) == 1, "a retry sends the same bytes"
+    assert len({c.body for c in receiver.by_event()[failing]}) == 1, "a retry sends the same bytes"
+    occurred = {str(r["id"]): (r["occurred_at"], str(r["id"])) for r in deliveries(admin).values()}
+    first_seen = list(dict.fromkeys(r.event_id for r in received))
+    assert first_seen[0] == failing
+    assert first_seen[1:] == sorted(ids - {failing}, key=occurred.__getitem__), "then the rest, oldest first"
     bodies = {event_id: copies[0].body for event_id, copies in receiver.by_event().items()}
     told = {payload_of(body)["data"]["export_id"]: payload_of(body)["data"]["status"] for body in bodies.values()}
     assert told == {str(job): status for job, status in made.items()}
-    for event_id in ids:
-        answers = [a["http_status"] or a["error"] for a in attempts(admin, event_id)]
-        assert answers[-1] == 204 and "no answer within the timeout" in answers
+
+
+def test_a_receiver_that_holds_its_request_holds_one_notifier_thread_and_other_tenants_events_keep_flowing(
+        seed, conn, admin, notifier_db, receiver):
+    fast = WebhookReceiver(SECRET).start()
+    try:
+        stuck, flowing = seed.tenant("Stuck"), seed.tenant("Flowing")
+        add_endpoint(conn, stuck, receiver.url)
+        add_endpoint(conn, flowing, fast.url)
+        receiver.mode = "slow"   # takes a request and answers nothing until released
+        for tenant in (stuck, flowing):   # the stuck tenant's events are older: first in line
+            for _ in range(4):
+                seed.finished(Status.COMPLETED, seed.queued(tenant))
+        theirs = {str(r["id"]) for r in deliveries(admin).values() if r["tenant_id"] == flowing}
+        patient = SenderConfig(timeout_seconds=30, batch_size=20, poll_seconds=0.05, senders=2)
+        stop = threading.Event()
+        running = threading.Thread(target=sender(notifier_db, patient).run_forever, args=(stop,), daemon=True)
+        running.start()
+        try:
+            wait_until(lambda: fast.delivered() == theirs, "the other tenant's events delivered")
+            held = receiver.arrived()
+        finally:
+            stop.set()
+            receiver.release()
+            running.join(60)
+    finally:
+        fast.stop()
+
+    assert len(held) == 1, "one request at a time to the stuck endpoint, however many senders"
+    untried = [r for r in deliveries(admin).values() if r["tenant_id"] == stuck and str(r["id"]) != held[0]]
+    assert [r["attempts"] for r in untried] == [0, 0, 0]
 
 
 def payload_of(body: bytes) -> dict:
@@ -209,10 +241,10 @@ def test_the_backoff_doubles_from_its_base_up_to_its_cap_within_its_jitter():
 
 
 def test_two_notifiers_claim_disjoint_batches_and_each_event_is_sent_once(seed, conn, admin, db_url, receiver):
-    tenant = seed.tenant("Acme")
-    add_endpoint(conn, tenant, receiver.url)
-    jobs = [seed.running(seed.queued(tenant)) for _ in range(6)]
-    for job in jobs:
+    for n in range(6):   # six endpoints, one event each: an endpoint has one turn per batch
+        tenant = seed.tenant(f"Acme {n}")
+        add_endpoint(conn, tenant, receiver.url)
+        job = seed.running(seed.queued(tenant))
         export.try_finish_failed(conn, job_id=job.id, attempt_id=job.attempt_id, worker_id="w",
                                  failure_reason=FailureCode.BUILD_FAILED)
     config = SenderConfig(timeout_seconds=5, batch_size=3, poll_seconds=0.05, senders=1)
@@ -300,9 +332,9 @@ def test_the_probe_body_is_its_own_type_and_no_export_s():
 
 
 def test_a_stopping_notifier_hands_back_what_it_claimed_and_did_not_send(seed, conn, admin, notifier_db, receiver):
-    tenant = seed.tenant("Acme")
-    add_endpoint(conn, tenant, receiver.url)
-    for _ in range(3):
+    for n in range(3):
+        tenant = seed.tenant(f"Acme {n}")
+        add_endpoint(conn, tenant, receiver.url)
         seed.finished(Status.COMPLETED, seed.queued(tenant))
     stopping = threading.Event()
     stopping.set()

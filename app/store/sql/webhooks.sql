@@ -65,10 +65,28 @@ LIMIT %(limit)s;
 -- and the next one sends the same event under the same id. SKIP LOCKED: notifiers claim disjoint
 -- batches. A delivery whose endpoint was removed is dropped instead, and returned as such. Each claimed
 -- delivery comes with what its body needs: the endpoint, and the job's facts fixed by its outcome.
-WITH due AS (
+-- Endpoints take turns: a live endpoint gets at most one delivery per batch, its turn, and none while the
+-- delivery first in its line is leased (a request in flight) or resting after a failure (due later): one
+-- request at a time per endpoint, across notifiers, and a failing endpoint is tried once per backoff, by
+-- its failing delivery (the most attempts first), so a dead receiver costs one timeout per rest instead of
+-- one per event and holds one notifier thread, never all of them. Its other events wait in order.
+WITH turn AS (
+    SELECT next.id
+    FROM webhook_endpoints e
+    CROSS JOIN LATERAL (
+        SELECT d.id, d.next_attempt_at FROM webhook_deliveries d
+        WHERE d.endpoint_id = e.id AND d.state = 'pending'
+        ORDER BY d.attempts DESC, d.next_attempt_at, d.id
+        LIMIT 1) AS next
+    WHERE e.removed_at IS NULL AND next.next_attempt_at <= (SELECT clock_timestamp())
+    UNION ALL
+    SELECT d.id
+    FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+    WHERE e.removed_at IS NOT NULL AND d.state = 'pending'),
+due AS (
     SELECT d.id, e.removed_at IS NOT NULL AS removed
     FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
-    WHERE d.state = 'pending' AND d.next_attempt_at <= (SELECT clock_timestamp())
+    WHERE d.id IN (SELECT id FROM turn) AND d.state = 'pending' AND d.next_attempt_at <= (SELECT clock_timestamp())
     ORDER BY d.next_attempt_at
     LIMIT %(batch_size)s
     FOR UPDATE OF d SKIP LOCKED),
