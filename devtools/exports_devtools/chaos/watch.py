@@ -30,8 +30,9 @@ TAKEOVER_NEEDS = {
     # recovery resolves an expired delivery only from the partner's evidence
     "Delivering": frozenset({"scheduler", "database", "partner"}),
 }
-#: What must work for a Queued export without a wake-up to get a new one (the sweeper).
-SWEEP_NEEDS = frozenset({"scheduler", "database"})
+#: What must work for a Queued export without a wake-up to get a new one (the sweeper); a paused destination's
+#: queued exports get none until the resume, whose statement wakes them.
+SWEEP_NEEDS = frozenset({"scheduler", "database", "destinations"})
 
 
 @dataclass

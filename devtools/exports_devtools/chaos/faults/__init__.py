@@ -12,7 +12,7 @@ names the job's ``claimed_by`` (``host:pid:thread``), which names the worker. Wh
 found, every worker is a candidate and every one is killed.
 
 The kinds live by what they strike: ``database.py``, ``processes.py``, ``partner.py``, ``broker.py``,
-``webhooks.py``;
+``webhooks.py``, ``destinations.py``;
 ``common.py`` has the protocol and the helpers they share. ``KINDS`` lists them all, in a stable order;
 this module re-exports every name the single ``faults.py`` it replaces had.
 """
@@ -44,6 +44,7 @@ from exports_devtools.chaos.faults.database import (
     PgStall,
     PgTerminate,
 )
+from exports_devtools.chaos.faults.destinations import DestinationPaused
 from exports_devtools.chaos.faults.partner import STALLED_REQUESTS, PartnerDown, SftpStall, SftpTrap
 from exports_devtools.chaos.faults.processes import KillAtPartner, KillMidBuild, KillProcess, SigstopWorker
 from exports_devtools.chaos.faults.webhooks import ReceiverDown
@@ -51,7 +52,8 @@ from exports_devtools.chaos.record import Injection
 from exports_devtools.chaos.system import ChaosSystem
 
 __all__ = [
-    "BOUND", "DRAMATIQ_NAMESPACE", "KINDS", "LASTING_KINDS", "LOST_RESPONSE_STATEMENTS", "POLL", "STALLED_REQUESTS",
+    "BOUND", "DRAMATIQ_NAMESPACE", "DestinationPaused",
+    "KINDS", "LASTING_KINDS", "LOST_RESPONSE_STATEMENTS", "POLL", "STALLED_REQUESTS",
     "STALLED_STATEMENTS", "WAITING_KINDS", "BrokerQueueLost", "Fault", "Injection", "KillAtPartner", "KillMidBuild",
     "KillProcess", "PartnerDown", "PgLostResponse", "PgRestart", "PgStall", "PgTerminate", "ReceiverDown",
     "RedisRestart",
@@ -83,6 +85,7 @@ def _registry() -> dict[str, Fault]:
         RedisRestart(),
         BrokerQueueLost(),
         ReceiverDown(),
+        DestinationPaused(),
     ]
     return {fault.kind: fault for fault in faults}
 
