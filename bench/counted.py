@@ -35,7 +35,6 @@ import psycopg
 import redis
 from psycopg.conninfo import conninfo_to_dict
 
-from app.store import export
 from app.store.database import connect
 from app.store.types import Role
 from bench import _scratch, system
@@ -121,11 +120,7 @@ class Creator:
         self.transactions = 0
 
     def create(self) -> str:
-        job_id = uuid.uuid4()
-        result = export.create(self.conn, job_id=job_id, tenant_id=self.tenant, destination_id=self.destination,
-                               delivery_key=job_id.hex, created_by="bench")
-        if result is not export.CreateResult.CREATED:
-            raise RuntimeError(f"export.create answered {result}")
+        job_id = system.create_export(self.conn, self.tenant, self.destination)
         self.transactions += 1
         return str(job_id)
 

@@ -19,9 +19,9 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from app.store import export
 from app.store.database import connect
 from app.store.types import Role
+from bench import system
 from bench._scratch import base_url, create, drop, tenant_with_destination
 
 
@@ -32,9 +32,7 @@ def run(url: str, clients: int, creations: int, tenant: uuid.UUID, destination: 
         conn = connect(url, Role.APP)
         barrier.wait()
         for _ in range(creations):
-            result = export.create(conn, job_id=uuid.uuid4(), tenant_id=tenant, destination_id=destination,
-                                 delivery_key=uuid.uuid4().hex, created_by="bench")
-            assert result is export.CreateResult.CREATED
+            system.create_export(conn, tenant, destination)
         conn.close()
 
     threads = [threading.Thread(target=client) for _ in range(clients)]

@@ -13,8 +13,8 @@ warm session, in a closed loop of its own:
    upload under a temporary name, the no-overwrite rename, the receipt (a stat), and the terminal write
    with the receipt and the outcome (``export_finish_delivery``, a commit).
 
-The statements are the product's own (``app.store``'s thin ``try_*`` functions on a bare connection);
-nothing else of the product runs: no Dramatiq, no pools, no lease keeper, no stop watcher, no session
+The statements are the product's own (``app.store``'s thin ``try_*`` functions on a bare connection), and so
+are the evidence details they append (``app.delivery.evidence``, ``classifier.outcome_evidence``); nothing else of the product runs: no Dramatiq, no pools, no lease keeper, no stop watcher, no session
 slots, no logs, no metrics. Every write's row count is checked as the product checks it. What ours costs
 above this is the system's, not the protocol's: the figure says how much of the gap to a peer the
 protocol itself explains.
@@ -23,26 +23,23 @@ protocol itself explains.
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 import threading
-import traceback
 import uuid
-from datetime import UTC, datetime
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
 
 import redis
 
+from app.delivery.classifier import Completed, outcome_evidence, terminal_write
+from app.delivery.evidence import Evidence, EvidenceStage, Listing, Proof, Receipt
 from app.store import export, relay
 from app.store.database import connect
 from app.store.types import ExpectedFile, Role, Status
 from app.store.worker import read_job
+from bench import system
 from bench.export_body import CHUNK, Exporter, Target
+from bench.spawned import SpawnedSide
 
 THREADS = 4
-STOP_TIMEOUT = 30.0
 LEASE_SECONDS = 60.0
 #: The Redis list the relay's hop pushes wake-ups to.
 QUEUE = "protocol-floor:wake-ups"
@@ -50,17 +47,13 @@ QUEUE = "protocol-floor:wake-ups"
 POP_TIMEOUT = 1
 
 
-def _observed(**fields: Any) -> str:
-    """An evidence detail of the product's shape and size (``app.delivery.evidence``)."""
-    return json.dumps({**fields, "observed_at": datetime.now(UTC).isoformat()}, sort_keys=True,
-                      separators=(",", ":"))
+class _Floor:
+    """One thread's connections (the worker's, the relay's), Redis client and session."""
 
-
-class _Loop:
-    def __init__(self, target: Target, broker_url: str, destination: str) -> None:
+    def __init__(self, target: Target, broker_url: str, destination: uuid.UUID) -> None:
         self.target = target
         self.tenant = uuid.UUID(target.tenant)
-        self.destination = uuid.UUID(destination)
+        self.destination = destination
         self.conn = connect(target.url, Role.APP, application_name="protocol-floor")
         #: The relay's hop runs as the relay does, under the dispatcher's role.
         self.relay_conn = connect(target.url, Role.DISPATCHER, application_name="protocol-floor-relay")
@@ -74,12 +67,10 @@ class _Loop:
         self.relay_conn.close()
         self.conn.close()
 
-    def create(self) -> None:
-        job = uuid.uuid4()
-        result = export.create(self.conn, job_id=job, tenant_id=self.tenant, destination_id=self.destination,
-                               delivery_key=job.hex, created_by="bench")
-        if result is not export.CreateResult.CREATED:
-            raise RuntimeError(f"export.create answered {result}")
+    def one(self) -> bool:
+        system.create_export(self.conn, self.tenant, self.destination)
+        self.relay_hop()
+        return self.run_one()
 
     def relay_hop(self) -> None:
         with self.relay_conn.transaction():
@@ -105,22 +96,22 @@ class _Loop:
                             worker_id=self.worker_id, lease_seconds=LEASE_SECONDS) != 1:
             raise RuntimeError(f"job {job_id} was not claimed")
         local = Path(self.target.work_dir) / f"{attempt}.csv"
+        sftp = self.exporter.sftp
+        final = f"{self.target.remote_dir}/{job.file_name}"
         try:
             self.exporter.build(local)
             data = local.read_bytes()   # hashed as the builder hashes what it writes
             expected = ExpectedFile(job.file_name, len(data), hashlib.sha256(data).digest(), None, None)
-            sftp = self.exporter.sftp
-            final = f"{self.target.remote_dir}/{job.file_name}"
             try:
                 sftp.stat(final)
-                raise RuntimeError(f"{job.file_name} is already on the partner")
             except FileNotFoundError:
                 pass
-            baseline = _observed(ack=None, attempt_id=str(attempt), final_name=job.file_name, hash_source=None,
-                                 mtime=None, present=False, sha256=None, size=None, stage="baseline")
+            else:
+                raise RuntimeError(f"{job.file_name} is already on the partner")
+            baseline = Evidence(EvidenceStage.BASELINE, Listing(job.file_name, present=False), str(attempt))
             if export.try_authorize_delivery(
                     self.conn, job_id=job.id, tenant_id=job.tenant_id, attempt_id=attempt, expected=expected,
-                    replaces_job_id=None, evidence=[baseline], observed_by=observer,
+                    replaces_job_id=None, evidence=[baseline.to_detail()], observed_by=observer,
                     profile_version=job.profile_version) != 1:
                 raise RuntimeError(f"job {job_id} was not authorized")
             temp = f"{self.target.remote_dir}/.{job.file_name}.{attempt}.part"
@@ -134,99 +125,26 @@ class _Loop:
                 raise RuntimeError(f"{job.file_name} has another size on the partner")
         finally:
             local.unlink(missing_ok=True)
-        receipt = dict(ack=None, attempt_id=str(attempt), final_name=job.file_name, hash_source=None,
-                       mtime=seen.st_mtime, present=True, sha256=None, size=seen.st_size, stage="receipt")
-        evidence = [_observed(**receipt), _observed(attempt_id=str(attempt), outcome="Completed", stage="outcome",
-                                                    receipt={**receipt, "overwrote": False, "proof": "name-and-size"})]
+        received = Evidence(EvidenceStage.RECEIPT, Listing(job.file_name, present=True, size=seen.st_size,
+                                                           mtime=seen.st_mtime), str(attempt))
+        outcome = Completed(Receipt(Proof.NAME_AND_SIZE, overwrote=False, evidence=received))
+        status, _, detail, _ = terminal_write(outcome)
         if export.try_finish_delivery(self.conn, job_id=job.id, attempt_id=attempt, worker_id=self.worker_id,
-                                      outcome=Status.COMPLETED, detail="Completed: proof=name-and-size",
-                                      evidence=evidence, observed_by=observer) != 1:
+                                      outcome=status, detail=detail, observed_by=observer,
+                                      evidence=[received.to_detail(), outcome_evidence(outcome, attempt)]) != 1:
             raise RuntimeError(f"job {job_id}'s terminal write matched nothing")
         return True
 
 
-def _loop(target: Target, broker_url: str, destination: str, counter: Any, stop: Any, failed: Any) -> None:
-    loop = None
+def _empty_queue(broker_url: str) -> None:
+    client = redis.Redis.from_url(broker_url)
     try:
-        loop = _Loop(target, broker_url, destination)
-        while not stop.is_set():
-            loop.create()
-            loop.relay_hop()
-            if loop.run_one():
-                with counter.get_lock():
-                    counter.value += 1
-    except BaseException:
-        failed.value = 1
-        traceback.print_exc(file=sys.stderr)
+        client.delete(QUEUE)
     finally:
-        if loop is not None:
-            loop.close()
+        client.close()
 
 
-def main(target: dict[str, Any], broker_url: str, destination: str, threads: int, counter: Any, stop: Any,
-         failed: Any) -> None:
-    """The spawned process: ``threads`` loops until ``stop`` is set."""
-    workers = [threading.Thread(target=_loop, name=f"floor-{i}",
-                                args=(Target(**target), broker_url, destination, counter, stop, failed))
-               for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-
-
-class ProtocolFloorSide:
+def side(target: Target, broker_url: str, destination: uuid.UUID, threads: int = THREADS) -> SpawnedSide:
     """The protocol with nothing around it, as a side of the end-to-end workload."""
-
-    name = "protocol floor"
-
-    def __init__(self, target: Target, broker_url: str, destination: uuid.UUID, threads: int = THREADS) -> None:
-        self.target = target
-        self.broker_url = broker_url
-        self.destination = str(destination)
-        self.threads = threads
-        self._mp = get_context("spawn")
-        self._process: Any = None
-
-    def start(self) -> None:
-        client = redis.Redis.from_url(self.broker_url)
-        try:
-            client.delete(QUEUE)
-        finally:
-            client.close()
-        self.counter = self._mp.Value("q", 0)
-        self.failed = self._mp.Value("b", 0)
-        self.stop_event = self._mp.Event()
-        self._process = self._mp.Process(target=main, name="protocol-floor", daemon=True, args=(
-            self.target.as_dict(), self.broker_url, self.destination, self.threads, self.counter,
-            self.stop_event, self.failed))
-        self._process.start()
-
-    def completed(self) -> int:
-        return int(self.counter.value)
-
-    def generator_transactions(self) -> int:
-        return 0
-
-    def python_pids(self) -> list[int]:
-        return [self._process.pid] if self._process is not None else []
-
-    def mark(self) -> None:
-        pass
-
-    def check(self) -> None:
-        if self.failed.value:
-            raise RuntimeError("a protocol-floor thread failed (its traceback is on stderr)")
-        if self._process is not None and not self._process.is_alive():
-            raise RuntimeError(f"the protocol-floor process exited with {self._process.exitcode}")
-
-    def stop(self) -> dict[str, int]:
-        self.stop_event.set()
-        self._process.join(STOP_TIMEOUT)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._process = None
-        if self.failed.value:
-            raise RuntimeError("a protocol-floor thread failed (its traceback is on stderr)")
-        return {"Completed": self.completed()}
+    return SpawnedSide("protocol floor", _Floor, (target, broker_url, destination), threads, status="Completed",
+                       prepare=lambda: _empty_queue(broker_url))

@@ -34,9 +34,10 @@ from app.actors.runner import ExportRunner, RunOutcome
 from app.actors.stop import StopSignal
 from app.actors.watcher import StopWatcher
 from app.config import Settings
-from app.store import cancellation, export
+from app.store import cancellation
 from app.store.database import Database, connect
 from app.store.types import Role
+from bench import system
 from bench._scratch import base_url, create, drop, tenant_with_destination
 
 #: The requirement, in seconds.
@@ -120,9 +121,7 @@ def stop_latencies(url: str, runs: int, work_dir: Path) -> list[float]:
                     leases=Leases(url, lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
                                   scheduler=scheduler),
                     watcher=watcher)
-                job_id = uuid.uuid4()
-                assert export.create(conn, job_id=job_id, tenant_id=tenant_id, destination_id=destination_id,
-                                   delivery_key=uuid.uuid4().hex, created_by="bench") is export.CreateResult.CREATED
+                job_id = system.create_export(conn, tenant_id, destination_id)
                 results = []
                 # Bound now: a run that outlives the join must not report into the next iteration's list.
                 thread = threading.Thread(target=lambda runner=runner, job_id=job_id, results=results:

@@ -19,12 +19,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from app.config import Settings
 from app.delivery.profile import DEFAULT_PROFILE
-from app.store import directory
+from app.store import directory, export
 from app.store.database import connect
 from app.store.types import Role
 from bench import procstat
@@ -101,6 +102,17 @@ def add_tenant(url: str, access: PartnerAccess, contacts: int) -> tuple[uuid.UUI
             directory.NewContact(f"person{i}@example.com", f"Person {i}", f"Company {i % 97}",
                                  f"+1 555 {i:07d}", True) for i in range(contacts)))
     return tenant, add_destination(url, access, tenant)
+
+
+def create_export(conn: Any, tenant: uuid.UUID, destination: uuid.UUID) -> uuid.UUID:
+    """One export created through the store (``export.create``, as the API creates one), its key its id's
+    hex; raises unless the store answered CREATED."""
+    job_id = uuid.uuid4()
+    result = export.create(conn, job_id=job_id, tenant_id=tenant, destination_id=destination,
+                           delivery_key=job_id.hex, created_by="bench")
+    if result is not export.CreateResult.CREATED:
+        raise RuntimeError(f"export.create answered {result}")
+    return job_id
 
 
 def add_destination(url: str, access: PartnerAccess, tenant: uuid.UUID) -> uuid.UUID:

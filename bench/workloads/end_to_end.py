@@ -31,7 +31,6 @@ from psycopg.conninfo import conninfo_to_dict
 from app.actors.builder import ContactsBuilder
 from app.actors.policy import Scope
 from app.actors.stop import StopSignal
-from app.store import export
 from app.store.database import connect
 from app.store.types import Role
 from bench import closed_loop, least_work, meter, peer_exports, protocol_floor, system
@@ -58,12 +57,7 @@ class SystemQueue:
         self.reader = psycopg.connect(url, autocommit=True)
 
     def submit(self) -> uuid.UUID:
-        job_id = uuid.uuid4()
-        result = export.create(self.conn, job_id=job_id, tenant_id=self.tenant, destination_id=self.destination,
-                               delivery_key=job_id.hex, created_by="bench")
-        if result is not export.CreateResult.CREATED:
-            raise RuntimeError(f"export.create answered {result}")
-        return job_id
+        return system.create_export(self.conn, self.tenant, self.destination)
 
     def ended(self, ids: list) -> dict:
         return dict(self.reader.execute("SELECT id, status FROM export_jobs WHERE id = ANY(%s) AND status = ANY(%s)",
@@ -162,8 +156,7 @@ def same_bytes_as_the_product(url: str, target: Target, work: Path) -> None:
 
 def _ceilings(url: str, target: Target, outcome: Outcome, broker_url: str, destination: uuid.UUID) -> list[Any]:
     least_work.install(url)
-    sides: list[Any] = [least_work.LeastWorkSide(target),
-                        protocol_floor.ProtocolFloorSide(target, broker_url, destination)]
+    sides: list[Any] = [least_work.side(target), protocol_floor.side(target, broker_url, destination)]
     for kind, make in (("procrastinate", peer_exports.procrastinate_side), ("pgqueuer", peer_exports.pgqueuer_side)):
         try:
             peer_exports.install(kind, url)

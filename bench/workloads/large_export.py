@@ -28,7 +28,6 @@ import psycopg
 
 from app.actors.builder import ContactsBuilder
 from app.delivery.config import DestinationConfig
-from app.store import export
 from app.store.database import connect
 from app.store.types import Role
 from bench import build_export, meter, procstat, system, upload_throughput
@@ -88,11 +87,9 @@ class LargeSystem:
         workers = sorted(procstat.tree(procstat.read_all(), self.procs.pids("worker")))
         idle = {pid: procstat.rss_kib(pid) or 0 for pid in workers}
         peak = dict(idle)
-        job_id = uuid.uuid4()
         with contextlib.closing(connect(self.url, Role.APP)) as conn, \
                 psycopg.connect(self.url, autocommit=True) as reader:
-            export.create(conn, job_id=job_id, tenant_id=self.tenant, destination_id=self.destination,
-                          delivery_key=job_id.hex, created_by="bench")
+            job_id = system.create_export(conn, self.tenant, self.destination)
             deadline = time.monotonic() + EXPORT_TIMEOUT
             while True:
                 for pid in workers:

@@ -32,6 +32,7 @@ from app.store import relay as relay_store
 from app.store.database import Database, connect
 from app.store.types import ExpectedFile, Role, Status
 from app.store.worker import read_job
+from bench import system
 from bench._scratch import tenant_with_destination
 from bench.harness import Context, Outcome, Row, Stat, Workload, at_least, log, settle
 
@@ -115,10 +116,8 @@ def ours(url: str, jobs: int, tenant: uuid.UUID, destination: uuid.UUID, *, runn
             Database(url, Role.DISPATCHER, min_size=1, max_size=1, name="bench-relay") as dispatcher, \
             Database(url, Role.APP, min_size=1, max_size=2, name="bench-worker") as db:
         started = time.perf_counter()
-        ids = [uuid.uuid4() for _ in range(jobs)]
-        for job_id in ids:
-            export.create(conn, job_id=job_id, tenant_id=tenant, destination_id=destination,
-                          delivery_key=job_id.hex, created_by="bench")
+        for _ in range(jobs):
+            system.create_export(conn, tenant, destination)
         enqueued = time.perf_counter()
         published: list[uuid.UUID] = []
         while True:

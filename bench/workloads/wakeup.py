@@ -17,7 +17,6 @@ import uuid
 import psycopg
 import redis
 
-from app.store import export
 from app.store.database import connect
 from app.store.types import Role
 from bench import system
@@ -83,9 +82,7 @@ def idle_wakeups(url: str, tenant: uuid.UUID, destination: uuid.UUID, samples: i
     with contextlib.closing(connect(url, Role.APP)) as conn:
         for _ in range(samples):
             time.sleep(rng.uniform(1.0, 2.5))   # the arrival pattern under test: sparse creations
-            job_id = uuid.uuid4()
-            export.create(conn, job_id=job_id, tenant_id=tenant, destination_id=destination,
-                          delivery_key=job_id.hex, created_by="bench")
+            job_id = system.create_export(conn, tenant, destination)
             jobs.append(job_id)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
