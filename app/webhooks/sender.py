@@ -21,6 +21,7 @@ put a commit-time global lock on every terminal write.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -108,8 +109,9 @@ class PassCounts:
 
     def add(self, other: PassCounts) -> None:
         """Adds what one delivery of the batch came to (its claim is already counted)."""
-        for name in ("delivered", "retrying", "dead", "dropped", "lost", "unrecorded", "released"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in dataclasses.fields(self):
+            if f.name != "claimed":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass
@@ -140,9 +142,7 @@ class Sender:
         if stop_event is not None and stop_event.is_set():
             self._hand_back(claimed, counts)
             return counts
-        if len(claimed) == 1:
-            counts.add(self._bound(claimed[0]))
-        elif claimed:
+        if claimed:
             with ThreadPoolExecutor(max_workers=len(claimed), thread_name_prefix="exports-webhook") as pool:
                 for sent in pool.map(self._bound, claimed):
                     counts.add(sent)

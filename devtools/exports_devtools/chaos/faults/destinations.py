@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from uuid import UUID
 
 from app.store import pausing
 from app.store.database import connect
@@ -54,7 +55,7 @@ class DestinationPaused:
                          f"{verb} for {seconds:.1f}s")
 
     @staticmethod
-    def _resume(system: ChaosSystem, destination) -> None:
+    def _resume(system: ChaosSystem, destination: UUID) -> None:
         assert system.tenant_id is not None
         deadline = time.monotonic() + RESUME_WITHIN
         while True:
