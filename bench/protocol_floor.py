@@ -14,8 +14,9 @@ warm session, in a closed loop of its own:
    with the receipt and the outcome (``export_finish_delivery``, a commit).
 
 The statements are the product's own (``app.store``'s thin ``try_*`` functions on a bare connection), and so
-are the evidence details they append (``app.delivery.evidence``, ``classifier.outcome_evidence``); nothing else of the product runs: no Dramatiq, no pools, no lease keeper, no stop watcher, no session
-slots, no logs, no metrics. Every write's row count is checked as the product checks it. What ours costs
+are the evidence details they append (``app.delivery.evidence``, ``classifier.outcome_evidence``); nothing
+else of the product runs: no Dramatiq, no pools, no lease keeper, no stop watcher, no session slots, no
+logs, no metrics. Every write's row count is checked as the product checks it. What ours costs
 above this is the system's, not the protocol's: the figure says how much of the gap to a peer the
 protocol itself explains.
 """

@@ -199,17 +199,17 @@ def run_end_to_end(ctx: Context) -> Outcome:
             # prepared statements keep the plans made for an empty table (sequential scans) while the table
             # grows, until autovacuum analyzes it a minute later: the first round then measured the planner's
             # cache, not the side (ours' first rounds ran at 0.67x its later ones, Procrastinate's at 0.71x).
-            for side in sides:
+            def alone(side: Any, seconds: float) -> SideRun:
                 if side is not ours:
                     ours.down()
                 settle(url)
-                closed_loop.measure(side, gauge, warmup=sizes.e2e_warmup_seconds, seconds=sizes.e2e_warmup_seconds)
+                return closed_loop.measure(side, gauge, warmup=sizes.e2e_warmup_seconds, seconds=seconds)
+
+            for side in sides:
+                alone(side, sizes.e2e_warmup_seconds)
             for round_ in range(ctx.repeats):
                 for side in (sides if round_ % 2 == 0 else sides[::-1]):
-                    if side is not ours:
-                        ours.down()
-                    settle(url)
-                    run = closed_loop.measure(side, gauge, warmup=sizes.e2e_warmup_seconds, seconds=sizes.e2e_seconds)
+                    run = alone(side, sizes.e2e_seconds)
                     runs[side.name].append(run)
                     log(f"   {side.name}: {run.rate:.1f}/s, {run.costs.get('cpu_ms', float('nan')):.1f} ms CPU "
                         f"per export, statuses {run.statuses}")
