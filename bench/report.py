@@ -258,9 +258,11 @@ RUNNING = [
     "- Each module of the first benchmarks still runs alone: `python -m bench.claim_throughput`, "
     "`bench.notify_cost`, `bench.stop_latency`, `bench.build_export`, `bench.upload_throughput`, "
     "`bench.warm_sessions`; and `python -m bench.counted`, the counted costs above.",
-    "- Two run only alone, each against its own ceiling, their figures kept by hand in "
-    "[benchmarks-standalone.md](benchmarks-standalone.md): `python -m bench.partner_files` (a partner file "
-    "with gzip and OpenPGP against `psql \\copy | gzip | gpg`) and `python -m bench.webhook_cost`.",
+    "- Three run only alone, their figures kept by hand in [benchmarks-standalone.md](benchmarks-standalone.md): "
+    "`python -m bench.partner_files` (a partner file with gzip and OpenPGP against `psql \\copy | gzip | gpg`), "
+    "`python -m bench.webhook_cost`, and `python -m bench.floor_stripped` (whether the end-to-end goal fits "
+    "inside the protocol: Procrastinate, the protocol floor, and the floor on a schema without its per-row "
+    "costs).",
     "",
 ]
 
