@@ -340,9 +340,8 @@ def _notes(outcome: Outcome, runs: dict[str, list[SideRun]], ctx: Context, acces
         "process, 4 threads, a job row inserted and marked done around each. Procrastinate: 2 worker processes, "
         "concurrency=2, a synchronous task; pgqueuer: 2 QueueManagers, max_concurrent_tasks=2 with batch_size=1 "
         "(it requires twice the batch), the body in asyncio.to_thread; both with LISTEN/NOTIFY and durable tables. "
-        "pgqueuer runs on its psycopg driver (its asyncpg one is not a dependency here), which shares one "
-        "connection between its NOTIFY reader (notifies with a 1 s timeout) and its queries: with few jobs in "
-        "flight a worker can wait up to a second before it logs an end or picks the next job.",
+        "pgqueuer's workers run on its asyncpg driver, as its documentation leads (its psycopg driver shares one "
+        "connection between its NOTIFY reader and its queries, and paused up to a second between jobs: 9/s).",
         f"Server-wide figures (PostgreSQL CPU, WAL) include other databases' work: the other databases "
         f"committed {max(others, default=0.0):.1f} transactions/s at most during the windows, and a CREATE "
         "DATABASE elsewhere writes its template into the WAL in one transaction: on a shared server, read WAL "

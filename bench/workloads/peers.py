@@ -35,6 +35,7 @@ from app.store.worker import read_job
 from bench import system
 from bench._scratch import tenant_with_destination
 from bench.harness import Context, Outcome, Row, Stat, Workload, at_least, log, settle
+from bench.peer_exports import asyncpg_connect
 
 RELAY_BATCH = 200
 EMPTY = ExpectedFile("contacts-noop.csv", 0, hashlib.sha256(b"").digest())
@@ -66,13 +67,13 @@ async def _procrastinate(url: str, jobs: int, install: bool) -> tuple[float, flo
 
 
 async def _pgqueuer(url: str, jobs: int, install: bool) -> tuple[float, float]:
-    from pgqueuer.db import PsycopgDriver
+    from pgqueuer.db import AsyncpgDriver
     from pgqueuer.qm import QueueManager
     from pgqueuer.queries import Queries
     from pgqueuer.types import QueueExecutionMode
 
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    driver = PsycopgDriver(conn)
+    conn = await asyncpg_connect(url)
+    driver = AsyncpgDriver(conn)
     queries = Queries(driver)
     if install:
         await queries.install()
