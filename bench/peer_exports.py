@@ -14,7 +14,7 @@ synchronous API and polls the peer's job table by primary key.
 
 pgqueuer's workers run on its asyncpg driver, the one its documentation leads with and a user would pick.
 Its psycopg driver reads NOTIFYs and runs queries on one connection, and at two jobs per worker paused up
-to a second (its NOTIFY reader's timeout) between jobs: 9 exports/s where asyncpg gives 350-380, a
+to a second (its NOTIFY reader's timeout) between jobs: 9 exports/s where asyncpg gives 295-380, a
 baseline no user would see.
 """
 
