@@ -98,7 +98,8 @@ def _measure(ctx: harness.Context, work: Path, broker: str, rounds: int,
         if not access.openssh:
             raise SystemExit("the floor delivers to OpenSSH sshd, which needs root")
         url = ctx.fresh_database("floor_stripped")
-        owner_url = make_conninfo(ctx.base_url, dbname=conninfo_to_dict(url)["dbname"])
+        database = conninfo_to_dict(url)["dbname"]
+        owner_url = make_conninfo(ctx.base_url, dbname=database)
         tenant, destination = system.add_tenant(url, access, ctx.sizes.e2e_contacts)
         assert access.key_file is not None
         target = Target(url, str(tenant), access.host, access.port, access.username, access.key_file,
@@ -112,7 +113,7 @@ def _measure(ctx: harness.Context, work: Path, broker: str, rounds: int,
         }
         schema = {"protocol floor, stripped": lambda: stripped(owner_url)}
         servers = {"postgresql": [system.postmaster_pid(url)], "sshd": [access.sshd_pid]}
-        gauge = meter.Meter(ctx.base_url, conninfo_to_dict(url)["dbname"], servers, access.log, broker)
+        gauge = meter.Meter(ctx.base_url, database, servers, access.log, broker)
         rates: dict[str, list[float]] = {name: [] for name in sides}
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
 
